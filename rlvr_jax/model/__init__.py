@@ -1,0 +1,70 @@
+"""Llama / Qwen2 / Qwen3 decoders as pure functions over a params pytree.
+
+Public API (see ``rlvr_jax/model/*.py`` for details):
+
+  ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
+  KVCache, init_cache, forward, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
+  load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
+
+Loading, export and the tokenizer import ``transformers`` / ``safetensors`` / ``gguf`` lazily, so
+``import rlvr_jax.model`` stays light.
+"""
+
+from rlvr_jax.model.cache import KVCache, init_cache
+from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
+from rlvr_jax.model.decoder import (
+  forward,
+  hidden_states_per_layer,
+  logits_from_hidden,
+  unembed_matrix,
+)
+from rlvr_jax.model.params import (
+  ParamSpec,
+  abstract_params,
+  check_params,
+  count_params,
+  init_params,
+  logical_axes,
+  param_shardings,
+  param_specs,
+)
+
+_LAZY = {
+  "load_hf": "rlvr_jax.model.loading",
+  "CheckpointError": "rlvr_jax.model.loading",
+  "load_gguf": "rlvr_jax.model.gguf_loading",
+  "export_hf": "rlvr_jax.model.export",
+  "Tokenizer": "rlvr_jax.model.tokenizer",
+  "load_smollm2": "rlvr_jax.model.smollm2",
+  "SMOLLM2_GGUF": "rlvr_jax.model.smollm2",
+  "NNXAdapter": "rlvr_jax.model.nnx_adapter",
+}
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)
+  raise AttributeError(f"module 'rlvr_jax.model' has no attribute {name!r}")
+
+
+__all__ = [
+  "KVCache",
+  "ModelConfig",
+  "ParamSpec",
+  "UnsupportedModelError",
+  "abstract_params",
+  "check_params",
+  "count_params",
+  "forward",
+  "hidden_states_per_layer",
+  "init_cache",
+  "init_params",
+  "logical_axes",
+  "logits_from_hidden",
+  "param_shardings",
+  "param_specs",
+  "unembed_matrix",
+  *_LAZY,
+]

@@ -1,0 +1,124 @@
+"""Decoder building blocks as pure functions: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Norms and softmax are computed in float32 whatever the compute dtype; matmuls run in the compute
+dtype of their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax.model.config import ModelConfig
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, *, eps: float) -> jax.Array:
+  """RMSNorm (arXiv 1910.07467): y = x / sqrt(mean(x^2) + eps) * weight, in float32.
+
+  Args:
+    x: [..., D] activations.
+    weight: [D] gain.
+  Returns:
+    [..., D] in the dtype of ``x``.
+  """
+  if x.shape[-1] != weight.shape[-1]:
+    raise ValueError(f"rms_norm: x {x.shape} and weight {weight.shape} differ in the last dim")
+  xf = x.astype(jnp.float32)
+  inv = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return (xf * inv * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+  """RoPE inverse frequencies [H/2] (arXiv 2104.09864), with Llama-3 scaling if configured.
+
+  theta_i = base^(-2i/H). Llama-3 scaling (arXiv 2407.21783, sec. 3.3 / the released code) divides
+  low frequencies (wavelength > L_orig / low_freq_factor) by ``factor``, keeps high frequencies
+  (wavelength < L_orig / high_freq_factor), and interpolates smoothly in between.
+  """
+  H = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, H, 2, dtype=np.float32) / np.float32(H)))
+  inv_freq = inv_freq.astype(np.float32)
+  scaling = config.rope_scaling_dict
+  if scaling is None:
+    return inv_freq
+  factor = scaling["factor"]
+  low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+  orig = scaling["original_max_position_embeddings"]
+  wavelen = 2 * math.pi / inv_freq
+  scaled = np.where(wavelen > orig / low, inv_freq / factor, inv_freq)
+  smooth = (orig / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+  """cos and sin tables [B, S, H] (float32) for integer positions [B, S] (negatives clamp to 0)."""
+  pos = jnp.maximum(positions, 0).astype(jnp.float32)
+  angles = pos[..., None] * jnp.asarray(inv_freq)[None, None, :]  # [B, S, H/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotates the two halves of the head dim (Hugging Face "rotate_half" layout).
+
+  Args:
+    x: [B, S, heads, H].
+    cos, sin: [B, S, H] float32.
+  Returns:
+    [B, S, heads, H] in the dtype of ``x``.
+  """
+  xf = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+  out = xf * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+  return out.astype(x.dtype)
+
+
+def attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, num_kv_heads: int
+) -> jax.Array:
+  """Grouped-query softmax attention (arXiv 2305.13245), softmax in float32.
+
+  o = softmax(q k^T / sqrt(H) masked) v, query head n uses key/value head n // (N / K).
+
+  Args:
+    q: [B, S, N, H] queries.
+    k, v: [B, T, K, H] keys / values (T = S without a cache, S_max with one).
+    mask: [B, S, T] bool, True where query s may attend to key t. Fully masked rows give a
+      uniform average of v (finite garbage): they only occur for padding queries.
+  Returns:
+    [B, S, N, H] in the dtype of ``q``.
+  """
+  B, S, N, H = q.shape
+  K = num_kv_heads
+  if k.shape[0] != B or k.shape[2:] != (K, H) or v.shape != k.shape:
+    raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} with K={K} do not match")
+  if mask.shape != (B, S, k.shape[1]):
+    raise ValueError(f"attention: mask {mask.shape}, expected {(B, S, k.shape[1])}")
+  G = N // K
+  qg = q.reshape(B, S, K, G, H)
+  scores = jnp.einsum("bskgh,btkh->bkgst", qg, k, preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(H))
+  # where, not add: adding finfo.min to a large negative score would overflow to -inf.
+  scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgst,btkh->bskgh", probs, v, preferred_element_type=jnp.float32)
+  return out.reshape(B, S, N, H).astype(q.dtype)
+
+
+def swiglu_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """SwiGLU MLP (arXiv 2002.05202): (silu(x W_gate) * x W_up) W_down.
+
+  Args:
+    x: [B, S, D]; w_gate, w_up: [D, F]; w_down: [F, D].
+  Returns:
+    [B, S, D].
+  """
+  gate = jnp.einsum("bsd,df->bsf", x, w_gate)
+  up = jnp.einsum("bsd,df->bsf", x, w_up)
+  return jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, w_down)
