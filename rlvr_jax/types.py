@@ -52,6 +52,11 @@ class Rollout:
     truncated: [B] bool, True where ``max_new_tokens`` was hit without a stop token.
     prompt_ids: [B] int32 index of the prompt of each row.
     sample_ids: [B] int32 index of the sample within its group.
+    sampler_threshold: [B, T] float32 or None. With a truncating strategy (top-k / top-p / min-p
+      / greedy) the smallest kept scaled logit z = logits / temperature at each step: the sampled
+      distribution is softmax(z) restricted to {v : z_v >= threshold}. Re-apply it to the
+      trainer's logits with ``rlvr_jax.sampling.truncated_token_logprobs``. None when the
+      strategy does not truncate (the distribution is the full softmax(z)).
   """
 
   prompt_tokens: jax.Array
@@ -65,3 +70,4 @@ class Rollout:
   truncated: jax.Array
   prompt_ids: jax.Array
   sample_ids: jax.Array
+  sampler_threshold: jax.Array | None = None

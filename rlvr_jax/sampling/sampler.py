@@ -1,0 +1,307 @@
+"""KV-cache sampler: ``prefill``, ``decode_step`` and ``generate`` (one jitted ``lax.while_loop``).
+
+Flow of ``generate`` for P prompts and G samples each (B = P * G rows, group ordered):
+
+  host:  left-padded prompts [P, S] -> re-pad to a length bucket S_b (bounds recompiles)
+  jit:   repeat rows G times -> prefill the cache with the prompts -> sample token 0
+         while t < T and not all rows finished:  decode_step(previous token) -> sample token t
+  out:   Rollout with tokens, sampler / model log-probs (float32), mask, lengths, flags, ids.
+
+The sampler calls the same ``rlvr_jax.model.forward`` as the trainer, so its log-probs match a full
+forward pass to float tolerance (see ``rlvr_jax.sampling.parity``). Randomness comes from
+``keys.row_keys`` (per prompt id and sample id) folded with the completion position, so samples do
+not depend on batch size or device layout.
+
+Under a mesh (``jax.set_mesh``) the rows (and the KV cache) are sharded over the data axes; the
+parameters keep the sharding they arrive with (place them with the sampling rules of
+``rlvr_jax.sharding`` before calling).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from rlvr_jax.model import KVCache, ModelConfig, forward, init_cache, logits_from_hidden
+from rlvr_jax.sampling import keys as keys_lib
+from rlvr_jax.sampling.strategies import Strategy
+from rlvr_jax.types import Rollout
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+DATA_AXES = ("data", "fsdp")  # mesh axes that shard the batch, when present in the mesh
+
+
+def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+  """The smallest bucket >= ``length`` (prompt lengths are padded up to it)."""
+  for b in sorted(buckets):
+    if b >= length:
+      return int(b)
+  raise ValueError(f"prompt length {length} exceeds the largest bucket {max(buckets)}")
+
+
+def prompt_positions(mask: jax.Array) -> jax.Array:
+  """Positions of left-padded prompts: 0, 1, ... on real tokens, -1 on padding. [B, S] -> [B, S]."""
+  mask = mask.astype(jnp.int32)
+  return jnp.where(mask > 0, jnp.cumsum(mask, axis=-1) - 1, -1).astype(jnp.int32)
+
+
+def _constrain_rows(x: jax.Array) -> jax.Array:
+  """Shards axis 0 (rows) over the data axes of the current mesh, if any divides it."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  axes = tuple(a for a in DATA_AXES if a in mesh.axis_names)
+  size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  if not axes or x.shape[0] % size:
+    return x
+  spec = PartitionSpec(axes if len(axes) > 1 else axes[0], *([None] * (x.ndim - 1)))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _constrain_cache(cache: KVCache) -> KVCache:
+  """Rows of the cache (axis 1 of k/v, axis 0 of positions) over the data axes."""
+  swap = lambda a: jnp.moveaxis(_constrain_rows(jnp.moveaxis(a, 1, 0)), 0, 1)
+  return KVCache(
+    k=swap(cache.k), v=swap(cache.v), positions=_constrain_rows(cache.positions), index=cache.index
+  )
+
+
+def _prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
+  positions = prompt_positions(mask)
+  cache = _constrain_cache(init_cache(config, tokens.shape[0], cache_len))
+  hidden, cache = forward(params, tokens, positions, config=config, cache=cache)
+  # Left padding: the last column is every row's last prompt token.
+  logits = logits_from_hidden(params, hidden[:, -1, :], config)
+  return logits, cache, positions[:, -1] + 1
+
+
+def _decode(params, cache, tokens, positions, *, config: ModelConfig):
+  hidden, cache = forward(params, tokens[:, None], positions[:, None], config=config, cache=cache)
+  return logits_from_hidden(params, hidden[:, 0, :], config), cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "cache_len"))
+def prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
+  """Runs the prompts through the model and fills a fresh KV cache.
+
+  Args:
+    params: model params.
+    tokens: [B, S] int32 left-padded prompt ids; mask: [B, S] bool, True on real tokens (the last
+      column must be real for every row).
+    config: model config; cache_len: S_max of the cache (>= S + new tokens).
+  Returns:
+    (logits [B, V] float32 of the next token, cache with index S, next_positions [B] int32 =
+    prompt lengths, the position of the first generated token).
+  """
+  if tokens.shape != mask.shape or tokens.ndim != 2:
+    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must both be [B, S]")
+  if cache_len < tokens.shape[1]:
+    raise ValueError(f"cache_len {cache_len} < prompt length {tokens.shape[1]}")
+  return _prefill(params, tokens, mask, config=config, cache_len=cache_len)
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfig):
+  """One decode step with a donated cache: tokens [B], positions [B] -> (logits [B, V] f32, cache)."""
+  if tokens.shape != positions.shape or tokens.ndim != 1:
+    raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} must both be [B]")
+  return _decode(params, cache, tokens, positions, config=config)
+
+
+def _sample(strategy: Strategy, logits, row_keys, t):
+  """Samples token t of every row; returns (tokens, sampler_logp, model_logp, threshold), all [B]."""
+  logp, threshold = strategy.log_probs(logits)
+  tokens = jax.vmap(strategy.sample)(keys_lib.position_keys(row_keys, t), logp)
+  pick = lambda a: jnp.take_along_axis(a, tokens[:, None], axis=-1)[:, 0]
+  model_logp = pick(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+  return tokens, pick(logp), model_logp, threshold
+
+
+def _generate(
+  params,
+  prompt_tokens,
+  prompt_mask,
+  prompt_ids,
+  key,
+  *,
+  config: ModelConfig,
+  strategy: Strategy,
+  num_samples: int,
+  max_new_tokens: int,
+  stop_tokens: tuple[int, ...],
+  pad_id: int,
+) -> Rollout:
+  P, S = prompt_tokens.shape
+  G, T = num_samples, max_new_tokens
+  B = P * G
+  tokens0 = _constrain_rows(jnp.repeat(prompt_tokens, G, axis=0))
+  mask0 = _constrain_rows(jnp.repeat(prompt_mask, G, axis=0))
+  row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
+  sample_ids = _constrain_rows(jnp.tile(jnp.arange(G, dtype=jnp.int32), P))
+  row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
+  stops = jnp.asarray(stop_tokens, jnp.int32)
+
+  logits, cache, start = _prefill(params, tokens0, mask0, config=config, cache_len=S + T)
+
+  def record(state, t, logits):
+    buf, done = state["buf"], state["done"]
+    tok, smp_logp, mdl_logp, thr = _sample(strategy, logits, row_keys, t)
+    alive = ~done
+    columns = {
+      "tokens": jnp.where(alive, tok, pad_id),
+      "sampler_logp": jnp.where(alive, smp_logp, 0.0),
+      "model_logp": jnp.where(alive, mdl_logp, 0.0),
+      "threshold": jnp.where(alive, thr, 0.0),
+      "mask": alive,
+    }
+    buf = {k: jax.lax.dynamic_update_index_in_dim(buf[k], columns[k], t, axis=1) for k in buf}
+    done = done | (alive & jnp.isin(tok, stops))
+    return dict(state, buf=buf, done=done, last=tok, t=t + 1)
+
+  buf = {
+    "tokens": jnp.full((B, T), pad_id, jnp.int32),
+    "sampler_logp": jnp.zeros((B, T), jnp.float32),
+    "model_logp": jnp.zeros((B, T), jnp.float32),
+    "threshold": jnp.zeros((B, T), jnp.float32),
+    "mask": jnp.zeros((B, T), jnp.bool_),
+  }
+  buf = {k: _constrain_rows(v) for k, v in buf.items()}
+  state = {"buf": buf, "done": jnp.zeros((B,), jnp.bool_), "cache": cache}
+  state = record(state, jnp.zeros((), jnp.int32), logits)
+
+  def cond(state):
+    return (state["t"] < T) & ~jnp.all(state["done"])
+
+  def body(state):
+    t = state["t"]
+    # The previous token sits at position prompt_length + t - 1.
+    logits, cache = _decode(params, state["cache"], state["last"], start + t - 1, config=config)
+    return record(dict(state, cache=cache), t, logits)
+
+  state = jax.lax.while_loop(cond, body, state)
+  buf, done = state["buf"], state["done"]
+  return Rollout(
+    prompt_tokens=tokens0,
+    prompt_mask=mask0,
+    tokens=buf["tokens"],
+    sampler_logp=buf["sampler_logp"],
+    model_logp=buf["model_logp"],
+    completion_mask=buf["mask"],
+    lengths=jnp.sum(buf["mask"], axis=1, dtype=jnp.int32),
+    finished=done,
+    truncated=~done,
+    prompt_ids=row_prompt_ids,
+    sample_ids=sample_ids,
+    sampler_threshold=buf["threshold"] if strategy.truncates else None,
+  )
+
+
+generate_jit = jax.jit(
+  _generate,
+  static_argnames=(
+    "config",
+    "strategy",
+    "num_samples",
+    "max_new_tokens",
+    "stop_tokens",
+    "pad_id",
+  ),
+)
+
+
+def pad_to_bucket(
+  prompt_tokens, prompt_mask, *, pad_id: int, buckets: Sequence[int] = DEFAULT_BUCKETS
+) -> tuple[np.ndarray, np.ndarray]:
+  """Re-pads left-padded prompts [P, S] on the host to [P, S_b], S_b the bucket of the longest.
+
+  Raises if a row is empty or not left-padded (a real token after a padding token).
+  """
+  tokens = np.asarray(prompt_tokens)
+  mask = np.asarray(prompt_mask).astype(bool)
+  if tokens.ndim != 2 or tokens.shape != mask.shape:
+    raise ValueError(f"prompt tokens {tokens.shape} and mask {mask.shape} must both be [P, S]")
+  lengths = mask.sum(axis=1)
+  if (lengths == 0).any():
+    raise ValueError(f"prompts {np.flatnonzero(lengths == 0).tolist()} have no real token")
+  S = tokens.shape[1]
+  expected = np.arange(S)[None, :] >= (S - lengths)[:, None]
+  if not (mask == expected).all():
+    raise ValueError("prompts must be left-padded: every row's real tokens must end the row")
+  S_b = bucket_length(int(lengths.max()), buckets)
+  out_tokens = np.full((tokens.shape[0], S_b), pad_id, np.int32)
+  out_mask = np.zeros((tokens.shape[0], S_b), bool)
+  keep = min(S, S_b)
+  out_tokens[:, S_b - keep :] = tokens[:, S - keep :]
+  out_mask[:, S_b - keep :] = mask[:, S - keep :]
+  out_tokens[~out_mask] = pad_id
+  return out_tokens, out_mask
+
+
+def generate(
+  params,
+  prompt_tokens,
+  prompt_mask,
+  *,
+  config: ModelConfig,
+  num_samples: int,
+  strategy: Strategy,
+  key: jax.Array,
+  max_new_tokens: int,
+  stop_tokens: Sequence[int] | None = None,
+  prompt_ids=None,
+  pad_id: int | None = None,
+  buckets: Sequence[int] = DEFAULT_BUCKETS,
+) -> Rollout:
+  """Samples ``num_samples`` completions for each prompt.
+
+  Args:
+    params: model params (placed with the sampling sharding rules when running under a mesh).
+    prompt_tokens: [P, S] int left-padded prompt ids; prompt_mask: [P, S] bool (True = real).
+    config: model config.
+    num_samples: G, completions per prompt; rows are group ordered (row b = prompt b // G,
+      sample b % G). Under a mesh, B = P * G should divide over the data axes to be sharded.
+    strategy: a ``strategies`` dataclass (Greedy, Temperature, TopK, TopP, MinP, Combined).
+    key: base PRNG key of this call (typed, ``jax.random.key``); e.g. ``keys.step_key(seed, step)``.
+    max_new_tokens: T, the completion budget (also the padded completion length).
+    stop_tokens: ids that end a completion (included in it); default ``config.eos_token_ids``.
+    prompt_ids: [P] int ids of the prompts used for key derivation (default 0..P-1). Pass stable ids
+      (e.g. dataset indices) to make a prompt's samples independent of the batch it is in.
+    pad_id: id written after the end (default ``config.pad_token_id``, else 0).
+    buckets: allowed padded prompt lengths; one compiled program per (bucket, P, G, T, strategy).
+  Returns:
+    ``Rollout`` with B = P * G rows, prompts re-padded to the bucket length.
+  """
+  if num_samples < 1 or max_new_tokens < 1:
+    raise ValueError(
+      f"num_samples ({num_samples}) and max_new_tokens ({max_new_tokens}) must be >= 1"
+    )
+  if not jnp.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+    raise TypeError("key must be a typed PRNG key from jax.random.key(...)")
+  if pad_id is None:
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+  stops = tuple(int(s) for s in (config.eos_token_ids if stop_tokens is None else stop_tokens))
+  tokens, mask = pad_to_bucket(prompt_tokens, prompt_mask, pad_id=pad_id, buckets=buckets)
+  P = tokens.shape[0]
+  if prompt_ids is None:
+    prompt_ids = np.arange(P, dtype=np.int32)
+  prompt_ids = np.asarray(prompt_ids, np.int32)
+  if prompt_ids.shape != (P,):
+    raise ValueError(f"prompt_ids {prompt_ids.shape} must be [P] = ({P},)")
+  return generate_jit(
+    params,
+    tokens,
+    mask,
+    prompt_ids,
+    key,
+    config=config,
+    strategy=strategy,
+    num_samples=num_samples,
+    max_new_tokens=max_new_tokens,
+    stop_tokens=stops,
+    pad_id=int(pad_id),
+  )
