@@ -1,0 +1,110 @@
+"""Advantage estimators: rewards -> advantages, pure and jittable (METHODS.md §2).
+
+Conventions shared by every function here:
+
+* Sequence rewards are ``[P, G]`` float32, group ordered: row b of the flat batch ``[B]`` is
+  sample ``b % G`` of prompt ``b // G`` (``to_groups`` reshapes a flat ``[B]`` array).
+* A NaN reward means the reward computation failed. Such samples (and those with ``valid``
+  False) are excluded from every statistic and get advantage 0; they are never counted as 0.
+* Hyperparameters are keyword-only; strings and ints that change the program (scopes, modes,
+  ``k``, ``bundle_size``) must be static under ``jax.jit`` (bind them with ``functools.partial``).
+* Statistics have an explicit scope (METHODS.md §1.3): ``group`` (the G samples of a prompt) or
+  ``rollout`` (every row passed in: pass the whole rollout batch, or its shards inside
+  ``jax.shard_map`` together with ``axis_name``). Under plain ``jax.jit`` with sharded inputs the
+  rollout reductions are global by construction.
+* stds take an explicit ``std_ddof`` (default 1, unbiased, as verl).
+* Advantages are constants for the loss: they are differentiable in principle, and the trainer
+  applies ``jax.lax.stop_gradient`` to them.
+* Zero-variance groups (§2.11): group estimators return exactly 0 for groups whose valid rewards
+  are all equal or that have fewer than 2 valid samples; ``zero_variance_groups`` on the OUTCOME
+  plus ``handle_zero_variance`` applies the ``keep`` / ``mask`` policy.
+
+Estimators (name in verl / TRL / Tunix in the docs name map):
+
+* sequence level ``[P, G] -> [P, G]``: ``grpo_advantages``, ``dr_grpo_advantages``,
+  ``lite_ppo_advantages`` (all presets of ``group_normalized_advantages``), ``rloo_advantages``,
+  ``remax_advantages``, ``passk_training_advantages``, ``pkpo_rewards`` / ``pkpo_advantages``,
+  ``max_at_g_advantages`` (verl ``grpo_passk``), ``riskpo_advantages`` (+ ``RiskPOState``),
+  ``copo_advantages``, ``canon_advantages``;
+* token level ``-> [B, T]``: ``reinforce_plus_plus_advantages``,
+  ``reinforce_plus_plus_baseline_advantages``, ``gae_advantages``;
+* helpers: ``to_tokens`` ([P, G] -> [B, T] times the mask), ``to_groups``, ``valid_mask``,
+  ``masked_whiten``, ``discounted_returns``, ``zero_variance_groups``, ``handle_zero_variance``,
+  ``gradient_group_fraction``, ``zero_variance_metrics``, ``pass_at_k`` (metric).
+"""
+
+from rlvr_jax._advantages_common import (
+  gradient_group_fraction,
+  handle_zero_variance,
+  masked_whiten,
+  to_groups,
+  to_tokens,
+  valid_mask,
+  zero_variance_groups,
+  zero_variance_metrics,
+)
+from rlvr_jax._advantages_group import (
+  CopoAdvantages,
+  canon_advantages,
+  copo_advantages,
+  dr_grpo_advantages,
+  group_normalized_advantages,
+  grpo_advantages,
+  lite_ppo_advantages,
+  remax_advantages,
+  rloo_advantages,
+)
+from rlvr_jax._advantages_passk import (
+  max_at_g_advantages,
+  pass_at_k,
+  passk_training_advantages,
+  pkpo_advantages,
+  pkpo_rewards,
+)
+from rlvr_jax._advantages_riskpo import (
+  DEFAULT_LEVELS,
+  RiskPOState,
+  riskpo_advantages,
+  riskpo_init,
+  riskpo_tracker_update,
+)
+from rlvr_jax._advantages_token import (
+  discounted_returns,
+  gae_advantages,
+  reinforce_plus_plus_advantages,
+  reinforce_plus_plus_baseline_advantages,
+)
+
+__all__ = [
+  "DEFAULT_LEVELS",
+  "CopoAdvantages",
+  "RiskPOState",
+  "canon_advantages",
+  "copo_advantages",
+  "discounted_returns",
+  "dr_grpo_advantages",
+  "gae_advantages",
+  "gradient_group_fraction",
+  "group_normalized_advantages",
+  "grpo_advantages",
+  "handle_zero_variance",
+  "lite_ppo_advantages",
+  "masked_whiten",
+  "max_at_g_advantages",
+  "pass_at_k",
+  "passk_training_advantages",
+  "pkpo_advantages",
+  "pkpo_rewards",
+  "reinforce_plus_plus_advantages",
+  "reinforce_plus_plus_baseline_advantages",
+  "remax_advantages",
+  "riskpo_advantages",
+  "riskpo_init",
+  "riskpo_tracker_update",
+  "rloo_advantages",
+  "to_groups",
+  "to_tokens",
+  "valid_mask",
+  "zero_variance_groups",
+  "zero_variance_metrics",
+]
