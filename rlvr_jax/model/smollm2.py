@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import tempfile
 from typing import Any
 
 from rlvr_jax.model.config import ModelConfig
@@ -40,10 +41,33 @@ def __getattr__(name):
   raise AttributeError(name)
 
 
-@functools.lru_cache(maxsize=2)
+def _cache_dir() -> str:
+  root = os.environ.get("RLVR_JAX_CACHE") or os.path.join(
+    os.path.expanduser("~"), ".cache", "rlvr_jax"
+  )
+  return os.path.join(root, "smollm2_tokenizer")
+
+
+@functools.lru_cache(maxsize=1)
 def smollm2_tokenizer() -> Tokenizer:
-  """The SmolLM2 tokenizer (cached: building it from the GGUF takes a few seconds)."""
-  return Tokenizer.from_gguf(smollm2_gguf_path())
+  """The SmolLM2 tokenizer from the GGUF file.
+
+  Converting the GGUF vocabulary takes transformers 5-20 s, so the converted tokenizer is saved
+  once to ``$RLVR_JAX_CACHE/smollm2_tokenizer`` (default ``~/.cache/rlvr_jax``) and read from there
+  afterwards (written to a temporary folder and renamed, so concurrent processes are safe).
+  """
+  folder = _cache_dir()
+  if os.path.exists(os.path.join(folder, "tokenizer.json")):
+    return Tokenizer.from_pretrained(folder)
+  tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
+  try:
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(folder), prefix=".smollm2_tokenizer.")
+    tokenizer.hf.save_pretrained(tmp)
+    os.replace(tmp, folder)
+  except OSError:
+    pass  # read-only home or a concurrent writer won the rename: the in-memory tokenizer is fine
+  return tokenizer
 
 
 def load_smollm2(
