@@ -1,0 +1,99 @@
+"""Host-side rewards: protocol, process-pool runtime, math / format / length / task / code rewards.
+
+Plain Python and numpy only (no jax). Typical use::
+
+  from rlvr_jax import rewards
+  runtime = rewards.RewardRuntime(num_workers=2, timeout_s=10.0)
+  reward_fn = rewards.CombinedReward({"math": rewards.MathReward(),
+                                      "overlong": rewards.OverlongReward(max_len=1024, buffer_len=256)})
+  future = runtime.submit(reward_fn, prompts, completions, answer=answers,
+                          completion_lengths=lengths, group_size=G)   # overlaps device work
+  result = future.result()  # RewardResult: rewards [B] (NaN where failed), failures, metrics, info
+"""
+
+from rlvr_jax.rewards.code_reward import CodeReward, extract_code, run_tests, verpo_rewards
+from rlvr_jax.rewards.code_sandbox import (
+  SandboxLimits,
+  SandboxResult,
+  run_python,
+  sandbox_capabilities,
+)
+from rlvr_jax.rewards.combine import CombinedReward
+from rlvr_jax.rewards.format_reward import FormatReward, format_ok
+from rlvr_jax.rewards.length import (
+  CosineReward,
+  LaserReward,
+  OverlongReward,
+  cosine_length_reward,
+  laser_d_buckets,
+  laser_d_choose_targets,
+  laser_reward,
+  overlong_penalty,
+  repeated_ngram_token_penalty,
+)
+from rlvr_jax.rewards.math_reward import (
+  MathReward,
+  extract_answer,
+  extract_boxed,
+  math_equal,
+  normalize_answer,
+)
+from rlvr_jax.rewards.protocol import (
+  FunctionReward,
+  ItemReward,
+  RewardFn,
+  RewardOutput,
+  as_item_reward,
+  pad_token_rewards,
+)
+from rlvr_jax.rewards.runtime import ItemTimeout, RewardFailure, RewardResult, RewardRuntime
+from rlvr_jax.rewards.tasks import (
+  ArithmeticReward,
+  CountdownReward,
+  check_countdown,
+  make_arithmetic_problem,
+  make_countdown_problem,
+)
+
+__all__ = [
+  "ArithmeticReward",
+  "CodeReward",
+  "CombinedReward",
+  "CosineReward",
+  "CountdownReward",
+  "FormatReward",
+  "FunctionReward",
+  "ItemReward",
+  "ItemTimeout",
+  "LaserReward",
+  "MathReward",
+  "OverlongReward",
+  "RewardFailure",
+  "RewardFn",
+  "RewardOutput",
+  "RewardResult",
+  "RewardRuntime",
+  "SandboxLimits",
+  "SandboxResult",
+  "as_item_reward",
+  "check_countdown",
+  "cosine_length_reward",
+  "extract_answer",
+  "extract_boxed",
+  "extract_code",
+  "format_ok",
+  "laser_d_buckets",
+  "laser_d_choose_targets",
+  "laser_reward",
+  "make_arithmetic_problem",
+  "make_countdown_problem",
+  "math_equal",
+  "normalize_answer",
+  "overlong_penalty",
+  "pad_token_rewards",
+  "repeated_ngram_token_penalty",
+  "run_python",
+  "run_tests",
+  "sandbox_capabilities",
+  "verpo_rewards",
+]

@@ -1,0 +1,428 @@
+"""A process pool that runs reward functions with per-item timeouts and never hangs or lies.
+
+Design:
+  * Workers are started with ``forkserver`` (default) or ``spawn``: never ``fork``, which would copy
+    a parent holding JAX/XLA threads and locks. A worker ignores SIGINT, disables core dumps and caps
+    its own address space (``RLIMIT_AS``), so a 10 GB allocation raises ``MemoryError`` inside the
+    worker instead of taking the host down.
+  * Items are sent to workers in chunks (one pipe message per chunk, one small message back per
+    item), so per-item overhead is a few tens of microseconds. The parent starts each item's clock
+    when the previous result of that worker arrives and kills the worker (SIGKILL) when an item runs
+    past ``timeout_s``; a dead worker (segfault, ``os._exit``, OOM kill) is noticed through its
+    process sentinel. The item is recorded as failed with its cause, the worker is replaced, and the
+    rest of its chunk is re-queued.
+  * All scheduling happens on one background thread, so ``submit`` is safe from any thread and
+    returns a ``concurrent.futures.Future`` that resolves to a :class:`RewardResult`.
+  * Failed items get ``failure_value`` (default NaN, which the advantage estimators exclude);
+    failures are never silent: each is listed with its cause and counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import resource
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlvr_jax.rewards import protocol
+
+CAUSES = ("timeout", "crash", "exception", "memory")
+
+
+class ItemTimeout(BaseException):  # noqa: N818
+  """Raised by reward code whose own (in-worker) timeout fired; recorded with cause "timeout".
+
+  A BaseException so that libraries' blanket ``except Exception`` (math-verify has them) cannot
+  turn a timeout into a silent "wrong answer".
+  """
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardFailure:
+  """One failed unit: its row index, cause (timeout / crash / exception / memory) and message."""
+
+  index: int
+  cause: str
+  message: str
+  elapsed_s: float
+
+
+@dataclasses.dataclass
+class RewardResult:
+  """Rewards [B] float32 in row order (``failure_value`` where failed), plus diagnostics."""
+
+  rewards: np.ndarray
+  failures: list[RewardFailure]
+  metrics: dict[str, float]
+  info: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  token_rewards: np.ndarray | None = None
+
+  @property
+  def failed(self) -> np.ndarray:
+    mask = np.zeros(self.rewards.shape[0], dtype=bool)
+    for f in self.failures:
+      mask[f.index] = True
+    return mask
+
+
+def _describe(exc: BaseException) -> str:
+  try:
+    text = f"{type(exc).__name__}: {exc}"
+  except BaseException:  # noqa: BLE001  (str() of exotic objects can itself fail)
+    text = type(exc).__name__
+  return text[:2000]
+
+
+def _run_unit(fn: Any, payload: tuple) -> Any:
+  kind = payload[0]
+  if kind == "item":
+    _, prompt, completion, row = payload
+    return fn.score_item(prompt, completion, **row)
+  _, prompts, completions, fields = payload
+  values = np.asarray(fn(prompts, completions, **fields), dtype=np.float32).reshape(-1)
+  if values.shape[0] != len(completions):
+    raise ValueError(f"reward_fn returned {values.shape[0]} values for {len(completions)} rows")
+  return values.tolist()
+
+
+def _worker_main(conn, memory_limit_bytes: int | None) -> None:
+  """Worker loop: receive (job_id, pickled fn, units), answer one message per unit."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+  if memory_limit_bytes:
+    resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+  cached_job, fn = None, None
+  while True:
+    try:
+      msg = conn.recv()
+    except (EOFError, OSError):
+      return
+    if msg[0] == "stop":
+      return
+    _, job_id, fn_bytes, units = msg
+    if cached_job != job_id:
+      fn = pickle.loads(fn_bytes)  # an import error here kills the worker: recorded as a crash
+      cached_job = job_id
+    conn.send(("loaded",))
+    for index, payload in units:
+      start = time.perf_counter()
+      try:
+        value = _run_unit(fn, payload)
+        reply = ("ok", index, value, time.perf_counter() - start)
+        conn.send(reply)
+        continue
+      except ItemTimeout as e:
+        reply = ("err", index, "timeout", _describe(e), time.perf_counter() - start)
+      except MemoryError as e:
+        reply = ("err", index, "memory", _describe(e), time.perf_counter() - start)
+      except BaseException as e:  # noqa: BLE001  (SystemExit from reward code is an item failure)
+        reply = ("err", index, "exception", _describe(e), time.perf_counter() - start)
+      conn.send(reply)
+
+
+class _Worker:
+  def __init__(self, ctx, memory_limit_bytes: int | None):
+    self.conn, child_conn = ctx.Pipe()
+    self.proc = ctx.Process(
+      target=_worker_main, args=(child_conn, memory_limit_bytes), daemon=True, name="reward-worker"
+    )
+    self.proc.start()
+    child_conn.close()
+    self.units: collections.deque[int] = collections.deque()
+    self.deadline = math.inf
+    self.started = 0.0
+    self.loaded = False
+
+  def kill(self) -> None:
+    if self.proc.is_alive():
+      os.kill(self.proc.pid, signal.SIGKILL)
+    self.proc.join(timeout=10)
+    self.conn.close()
+
+
+def _exit_description(exitcode: int | None) -> str:
+  if exitcode is None:
+    return "worker died (exit code unknown)"
+  if exitcode < 0:
+    try:
+      name = signal.Signals(-exitcode).name
+    except ValueError:
+      name = f"signal {-exitcode}"
+    hint = " (killed: possibly out of memory)" if exitcode == -signal.SIGKILL else ""
+    return f"worker killed by {name}{hint}"
+  return f"worker exited with code {exitcode}"
+
+
+class RewardRuntime:
+  """Pool of reward worker processes with per-item wall-clock timeouts.
+
+  Args:
+    num_workers: worker processes.
+    timeout_s: wall-clock limit per item (per group / batch for ``granularity="group"/"batch"``,
+      multiplied by the unit's number of rows).
+    failure_value: value given to failed items (default NaN: excluded from advantages).
+    memory_limit_bytes: ``RLIMIT_AS`` of each worker (None: unlimited).
+    start_method: "forkserver" (default) or "spawn"; "fork" is refused (unsafe with JAX threads).
+    max_chunk: most items sent to a worker in one message.
+    load_timeout_s: limit for unpickling the reward function (its imports) in a fresh worker.
+  """
+
+  def __init__(
+    self,
+    num_workers: int = 2,
+    *,
+    timeout_s: float = 10.0,
+    failure_value: float = np.nan,
+    memory_limit_bytes: int | None = 4 << 30,
+    start_method: str = "forkserver",
+    max_chunk: int = 32,
+    load_timeout_s: float = 120.0,
+  ):
+    if num_workers < 1:
+      raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if timeout_s <= 0:
+      raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if start_method not in ("forkserver", "spawn"):
+      raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+    self.num_workers = num_workers
+    self.timeout_s = float(timeout_s)
+    self.failure_value = float(failure_value)
+    self.memory_limit_bytes = memory_limit_bytes
+    self.max_chunk = max_chunk
+    self.load_timeout_s = load_timeout_s
+    self._ctx = multiprocessing.get_context(start_method)
+    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reward-runtime")
+    self._workers: list[_Worker] = []
+    self._lock = threading.Lock()
+    self._job_counter = 0
+    self.worker_restarts = 0
+    self._closed = False
+    # Start the workers now (on the scheduler thread), so the first step does not pay for it.
+    self._executor.submit(self._ensure_workers).result()
+
+  # --- public API -------------------------------------------------------------------------------
+
+  def submit(
+    self,
+    reward_fn: Any,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    granularity: str = "item",
+    **fields: Any,
+  ) -> concurrent.futures.Future:
+    """Starts scoring a batch; returns a Future of :class:`RewardResult`.
+
+    ``reward_fn`` is an :class:`ItemReward` (scored per item in workers, combined here) or a plain
+    picklable ``reward_fn(prompts, completions, **fields)``: with ``granularity="item"`` it is
+    called on one-row batches, with ``"group"`` on whole groups (needs ``group_size``), with
+    ``"batch"`` once on the whole batch; a failure then fails every row of that unit.
+    """
+    if self._closed:
+      raise RuntimeError("RewardRuntime is closed")
+    prompts, completions = list(prompts), list(completions)
+    num_rows, group_size = protocol.check_batch(prompts, completions, fields)
+    if granularity not in ("item", "group", "batch"):
+      raise ValueError(f"granularity must be 'item', 'group' or 'batch', got {granularity!r}")
+    if granularity == "group" and group_size is None:
+      raise ValueError("granularity='group' needs group_size=")
+    item_fn = protocol.as_item_reward(reward_fn) if granularity == "item" else reward_fn
+    try:
+      fn_bytes = pickle.dumps(item_fn)
+    except Exception as e:
+      raise TypeError(
+        f"reward_fn must be picklable (a module-level function, a functools.partial of one, or an "
+        f"ItemReward dataclass): {_describe(e)}"
+      ) from e
+    with self._lock:
+      self._job_counter += 1
+      job_id = self._job_counter
+    args = (job_id, item_fn, fn_bytes, prompts, completions, fields, granularity, num_rows)
+    return self._executor.submit(self._run_job, *args)
+
+  def run(self, reward_fn: Any, prompts, completions, **kwargs) -> RewardResult:
+    """Blocking ``submit(...).result()``."""
+    return self.submit(reward_fn, prompts, completions, **kwargs).result()
+
+  def close(self) -> None:
+    if self._closed:
+      return
+    self._closed = True
+    self._executor.submit(self._stop_workers).result()
+    self._executor.shutdown(wait=True)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  # --- scheduling (runs on the single executor thread) -------------------------------------------
+
+  def _ensure_workers(self) -> None:
+    self._workers = [w for w in self._workers if w.proc.is_alive()]
+    while len(self._workers) < self.num_workers:
+      self._workers.append(_Worker(self._ctx, self.memory_limit_bytes))
+
+  def _stop_workers(self) -> None:
+    for w in self._workers:
+      try:
+        w.conn.send(("stop",))
+      except OSError:
+        pass
+    for w in self._workers:
+      w.proc.join(timeout=2)
+      w.kill()
+    self._workers = []
+
+  def _replace(self, worker: _Worker) -> None:
+    worker.kill()
+    self._workers[self._workers.index(worker)] = _Worker(self._ctx, self.memory_limit_bytes)
+    self.worker_restarts += 1
+
+  def _units(self, prompts, completions, fields, granularity, num_rows):
+    """(payloads, rows per unit) for the requested granularity."""
+    if granularity == "item":
+      payloads = [
+        ("item", prompts[b], completions[b], protocol.row_fields(fields, b))
+        for b in range(num_rows)
+      ]
+      return payloads, 1
+    size = num_rows if granularity == "batch" else int(fields["group_size"])
+    payloads = []
+    for start in range(0, num_rows, size):
+      rows = slice(start, start + size)
+      sub = {k: (v if k == "group_size" else list(v[rows])) for k, v in fields.items()}
+      payloads.append(("call", prompts[rows], completions[rows], sub))
+    return payloads, size
+
+  def _execute(self, job_id: int, fn_bytes: bytes, payloads: list, unit_timeout: float):
+    """Runs all units; returns (values, failures) with values[i] None where unit i failed."""
+    num_units = len(payloads)
+    values: list[Any] = [None] * num_units
+    failures: dict[int, RewardFailure] = {}
+    done = 0
+    chunk = max(1, min(self.max_chunk, math.ceil(num_units / (4 * self.num_workers))))
+    pending = collections.deque(
+      list(range(s, min(s + chunk, num_units))) for s in range(0, num_units, chunk)
+    )
+
+    def fail_current(worker, cause, message):
+      nonlocal done
+      index = worker.units.popleft()
+      failures[index] = RewardFailure(index, cause, message, time.monotonic() - worker.started)
+      done += 1
+      if worker.units:
+        pending.appendleft(list(worker.units))
+        worker.units.clear()
+      self._replace(worker)
+
+    self._ensure_workers()
+    while done < num_units:
+      for slot in range(len(self._workers)):
+        if not self._workers[slot].units and pending:
+          if not self._workers[slot].proc.is_alive():
+            self._replace(self._workers[slot])
+          w = self._workers[slot]
+          units = pending.popleft()
+          w.conn.send(("job", job_id, fn_bytes, [(i, payloads[i]) for i in units]))
+          w.units.extend(units)
+          w.started = time.monotonic()
+          w.deadline, w.loaded = w.started + self.load_timeout_s, False
+      busy = [w for w in self._workers if w.units]
+      wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+      handles = [w.conn for w in busy] + [w.proc.sentinel for w in busy]
+      ready = set(multiprocessing.connection.wait(handles, timeout=wait_s))
+      for w in busy:
+        if w.conn in ready or w.proc.sentinel in ready:
+          try:
+            while w.units and w.conn.poll():
+              msg = w.conn.recv()
+              now = time.monotonic()
+              if msg[0] == "loaded":
+                w.loaded = True
+              else:
+                index = w.units.popleft()
+                if msg[0] == "ok":
+                  values[index] = msg[2]
+                else:
+                  failures[index] = RewardFailure(index, msg[2], msg[3], msg[4])
+                done += 1
+              w.started, w.deadline = now, now + unit_timeout
+          except (EOFError, OSError):
+            pass
+          if w.units and not w.proc.is_alive():
+            w.proc.join(timeout=1)
+            fail_current(w, "crash", _exit_description(w.proc.exitcode))
+        elif w.units and time.monotonic() >= w.deadline:
+          what = "item" if w.loaded else "loading reward_fn"
+          fail_current(
+            w, "timeout", f"{what} exceeded {w.deadline - w.started:.3g}s; worker killed"
+          )
+    return values, [failures[i] for i in sorted(failures)]
+
+  def _run_job(self, job_id, item_fn, fn_bytes, prompts, completions, fields, granularity, n):
+    start = time.monotonic()
+    restarts_before = self.worker_restarts
+    payloads, rows_per_unit = self._units(prompts, completions, fields, granularity, n)
+    values, unit_failures = self._execute(
+      job_id, fn_bytes, payloads, self.timeout_s * rows_per_unit
+    )
+    if granularity == "item":
+      failures = unit_failures
+      output = item_fn.combine(values, **fields)
+    else:
+      failures = [
+        dataclasses.replace(f, index=f.index * rows_per_unit + r)
+        for f in unit_failures
+        for r in range(rows_per_unit)
+      ]
+      flat = np.full(n, np.nan, dtype=np.float32)
+      for u, v in enumerate(values):
+        if v is not None:
+          flat[u * rows_per_unit : (u + 1) * rows_per_unit] = v
+      output = protocol.RewardOutput(rewards=flat)
+    rewards = np.asarray(output.rewards, dtype=np.float32).reshape(-1)
+    if rewards.shape != (n,):
+      raise ValueError(f"combine returned rewards of shape {rewards.shape}, expected ({n},)")
+    failed = np.zeros(n, dtype=bool)
+    for f in failures:
+      failed[f.index] = True
+    metrics = _metrics(rewards, failed, failures, output, time.monotonic() - start)
+    metrics["reward/worker_restarts"] = float(self.worker_restarts - restarts_before)
+    rewards = np.where(failed, np.float32(self.failure_value), rewards).astype(np.float32)
+    return RewardResult(rewards, failures, metrics, dict(output.info), output.token_rewards)
+
+
+def _metrics(rewards, failed, failures, output, elapsed_s) -> dict[str, float]:
+  ok = rewards[~failed & np.isfinite(rewards)]
+  metrics = {
+    "reward/mean": float(ok.mean()) if ok.size else math.nan,
+    "reward/std": float(ok.std()) if ok.size else math.nan,
+    "reward/min": float(ok.min()) if ok.size else math.nan,
+    "reward/max": float(ok.max()) if ok.size else math.nan,
+    "reward/fail_frac": float(failed.mean()) if failed.size else 0.0,
+    "reward/time_s": elapsed_s,
+    "reward/items_per_s": rewards.shape[0] / max(elapsed_s, 1e-9),
+  }
+  for cause in CAUSES:
+    metrics[f"reward/fail/{cause}"] = float(sum(f.cause == cause for f in failures))
+  correct = output.info.get("correct")
+  if correct is not None:
+    correct = np.asarray(correct, dtype=np.float32)
+    valid = correct[np.isfinite(correct) & ~failed]
+    metrics["reward/accuracy"] = float(valid.mean()) if valid.size else math.nan
+  metrics.update(output.metrics)
+  return metrics

@@ -1,0 +1,188 @@
+"""RewardRuntime: adversarial items finish within their timeout and leave the pool working;
+order and determinism do not depend on the number of workers; failures are recorded and counted."""
+
+import ctypes
+import functools
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rlvr_jax import rewards
+from rlvr_jax.rewards.runtime import RewardRuntime
+
+TIMEOUT_S = 1.5
+
+
+# Reward functions must be importable by the workers: module level.
+def length_reward(prompts, completions, **fields):
+  return np.array([len(c) % 7 for c in completions], dtype=np.float32)
+
+
+def adversarial_reward(prompts, completions, **fields):
+  kind = completions[0]
+  if kind == "hang":
+    while True:
+      pass
+  if kind == "segfault":
+    ctypes.string_at(0)
+  if kind == "exit":
+    os._exit(3)
+  if kind == "raise":
+    raise ValueError("reward function bug")
+  if kind == "alloc":
+    block = bytearray(10 * 2**30)  # 10 GB
+    return np.array([len(block)], np.float32)
+  return np.array([float(len(c)) for c in completions], np.float32)
+
+
+def scaled_reward(prompts, completions, *, scale, **fields):
+  return np.array([scale * len(c) for c in completions], np.float32)
+
+
+def group_mean_reward(prompts, completions, *, group_size, **fields):
+  values = np.array([len(c) for c in completions], np.float64).reshape(-1, group_size)
+  return (values - values.mean(-1, keepdims=True)).reshape(-1).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def runtime():
+  with RewardRuntime(num_workers=2, timeout_s=TIMEOUT_S, memory_limit_bytes=2 << 30) as rt:
+    yield rt
+
+
+def test_adversarial_items_fail_with_cause_and_pool_survives(runtime):
+  kinds = ["ok", "hang", "abc", "segfault", "exit", "raise", "alloc", "", "zz"]
+  start = time.monotonic()
+  result = runtime.run(adversarial_reward, [""] * len(kinds), kinds)
+  elapsed = time.monotonic() - start
+  # One timeout at most per worker in flight, plus respawns: far below the sum of bad items.
+  assert elapsed < 2 * TIMEOUT_S + 5
+  causes = {f.index: f.cause for f in result.failures}
+  assert causes == {1: "timeout", 3: "crash", 4: "crash", 5: "exception", 6: "memory"}
+  messages = {f.index: f.message for f in result.failures}
+  assert (
+    "SIGSEGV" in messages[3] and "code 3" in messages[4] and "reward function bug" in messages[5]
+  )
+  np.testing.assert_array_equal(result.failed, [i in causes for i in range(len(kinds))])
+  expected_ok = {0: 2.0, 2: 3.0, 7: 0.0, 8: 2.0}
+  for i, value in expected_ok.items():
+    assert result.rewards[i] == value
+  assert np.isnan(result.rewards[list(causes)]).all()
+  assert result.metrics["reward/fail/timeout"] == 1 and result.metrics["reward/fail/crash"] == 2
+  assert result.metrics["reward/fail/exception"] == 1 and result.metrics["reward/fail/memory"] == 1
+  assert result.metrics["reward/fail_frac"] == pytest.approx(5 / 9)
+  assert result.metrics["reward/mean"] == pytest.approx(np.mean(list(expected_ok.values())))
+  # The pool still works, with all workers alive.
+  again = runtime.run(length_reward, ["p"] * 20, ["x" * i for i in range(20)])
+  np.testing.assert_array_equal(again.rewards, [i % 7 for i in range(20)])
+  assert not again.failures
+
+
+def test_failure_value_is_the_callers_choice():
+  with RewardRuntime(num_workers=1, timeout_s=TIMEOUT_S, failure_value=-5.0) as rt:
+    result = rt.run(adversarial_reward, ["", ""], ["raise", "ab"])
+  np.testing.assert_array_equal(result.rewards, [-5.0, 2.0])
+  assert result.failures[0].cause == "exception"
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_order_and_values_independent_of_workers(num_workers):
+  rng = np.random.default_rng(0)
+  completions = ["y" * int(n) for n in rng.integers(0, 50, size=101)]
+  fn = functools.partial(scaled_reward, scale=0.5)
+  with RewardRuntime(num_workers=num_workers, timeout_s=10.0, max_chunk=7) as rt:
+    result = rt.run(fn, [""] * 101, completions, scale_unused=[0] * 101)
+  np.testing.assert_array_equal(result.rewards, [0.5 * len(c) for c in completions])
+
+
+def test_math_reward_same_under_1_and_2_workers_and_in_process():
+  answers = ["1/2", "3", "\\sqrt{2}", "10", "x+1", "5", "7", "4", "\\sqrt{2}", "10"] * 2
+  completions = [
+    "\\boxed{0.5}",
+    "so 3",
+    "\\boxed{2^{1/2}}",
+    "\\boxed{11}",
+    "\\boxed{1+x}",
+    "",
+    "\\boxed{",
+    "the answer is 4",
+    "\\boxed{\\frac{\\sqrt{2}}{1}}",
+    "10.0",
+  ] * 2
+  expected = rewards.MathReward()(["q"] * 20, completions, answer=answers)
+  for num_workers in (1, 2):
+    with RewardRuntime(num_workers=num_workers, timeout_s=20.0) as rt:
+      result = rt.run(rewards.MathReward(), ["q"] * 20, completions, answer=answers)
+    np.testing.assert_array_equal(result.rewards, expected)
+    np.testing.assert_array_equal(result.info["correct"], expected)
+  np.testing.assert_array_equal(expected[:10], [1, 1, 1, 0, 1, 0, 0, 1, 1, 1])
+
+
+def test_math_verify_hang_is_a_counted_timeout(runtime):
+  # 9^(9^(9^9)) sends sympy into a practically endless big-integer evaluation.
+  reward = rewards.MathReward(verify_timeout_s=0.5)
+  completions = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{2}"]
+  start = time.monotonic()
+  result = runtime.run(reward, ["q", "q"], completions, answer=["7", "2"])
+  assert time.monotonic() - start < TIMEOUT_S + 5
+  assert [f.cause for f in result.failures] == ["timeout"]
+  assert result.failures[0].index == 0
+  assert np.isnan(result.rewards[0]) and result.rewards[1] == 1.0
+
+
+def test_malformed_completions(runtime):
+  completions = [
+    "",
+    "\x00\xff\ufffd garbage \\boxed{",
+    "9" * 1_000_000,
+    "\\boxed{" * 2000,
+    "\\boxed{4}",
+  ]
+  reward = rewards.CombinedReward({"math": rewards.MathReward(), "format": rewards.FormatReward()})
+  result = runtime.run(reward, ["q"] * 5, completions, answer=["4"] * 5)
+  assert not result.failures
+  np.testing.assert_array_equal(result.info["correct"], [0, 0, 0, 0, 1])
+  assert result.metrics["reward/math/mean"] == pytest.approx(0.2)
+  assert result.metrics["reward/format/mean"] == 0.0
+
+
+def test_submit_from_non_main_thread_and_concurrent_jobs(runtime):
+  results = {}
+
+  def worker(name, n):
+    fut = runtime.submit(length_reward, ["p"] * n, ["a" * i for i in range(n)])
+    results[name] = fut.result()
+
+  threads = [threading.Thread(target=worker, args=(f"t{i}", 10 + i)) for i in range(3)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=60)
+  for i in range(3):
+    np.testing.assert_array_equal(results[f"t{i}"].rewards, [j % 7 for j in range(10 + i)])
+
+
+def test_group_granularity_and_group_failure(runtime):
+  completions = ["a", "abc", "ab", "abcd"]
+  result = runtime.run(group_mean_reward, ["p"] * 4, completions, granularity="group", group_size=2)
+  np.testing.assert_allclose(result.rewards, [-1, 1, -1, 1])
+  bad = runtime.run(
+    adversarial_reward, ["p"] * 4, ["raise", "a", "b", "c"], granularity="group", group_size=2
+  )
+  # A plain function at group granularity fails as a whole group.
+  assert [f.index for f in bad.failures] == [0, 1]
+  np.testing.assert_array_equal(bad.rewards[2:], [1.0, 1.0])
+
+
+def test_bad_inputs_raise_clear_errors(runtime):
+  with pytest.raises(ValueError, match="answer.*3 rows, expected B=2"):
+    runtime.submit(rewards.MathReward(), ["a", "b"], ["c", "d"], answer=["1", "2", "3"])
+  with pytest.raises(ValueError, match="whole number of groups"):
+    runtime.submit(length_reward, ["a"] * 3, ["c"] * 3, group_size=2)
+  with pytest.raises(TypeError, match="picklable"):
+    runtime.submit(lambda p, c: np.zeros(len(c)), ["a"], ["b"])
+  with pytest.raises(ValueError, match="fork"):
+    RewardRuntime(1, start_method="fork")
