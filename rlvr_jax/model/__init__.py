@@ -10,7 +10,7 @@ Loading, export and the tokenizer import ``transformers`` / ``safetensors`` / ``
 ``import rlvr_jax.model`` stays light.
 """
 
-from rlvr_jax.model.cache import KVCache, init_cache
+from rlvr_jax.model.cache import KVCache, cache_logical_axes, cache_shardings, init_cache
 from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
 from rlvr_jax.model.decoder import (
   forward,
@@ -55,6 +55,8 @@ __all__ = [
   "ParamSpec",
   "UnsupportedModelError",
   "abstract_params",
+  "cache_logical_axes",
+  "cache_shardings",
   "check_params",
   "count_params",
   "forward",

@@ -46,3 +46,24 @@ def init_cache(
     positions=jnp.full((batch_size, max_len), -1, jnp.int32),
     index=jnp.zeros((), jnp.int32),
   )
+
+
+def cache_logical_axes() -> KVCache:
+  """Logical axes of each cache field (for ``rlvr_jax.sharding`` rules)."""
+  kv = ("layers", "batch", "seq", "kv_heads", "head_dim")
+  return KVCache(k=kv, v=kv, positions=("batch", "seq"), index=())
+
+
+def cache_shardings(cache: KVCache, mesh, rules) -> KVCache:
+  """``NamedSharding`` per cache field on ``mesh`` (rows over the ``batch`` rule)."""
+  from rlvr_jax import sharding as sharding_lib
+
+  axes = cache_logical_axes()
+  return KVCache(
+    **{
+      name: sharding_lib.logical_to_sharding(
+        getattr(axes, name), mesh, rules, shape=getattr(cache, name).shape
+      )
+      for name in ("k", "v", "positions", "index")
+    }
+  )
