@@ -40,7 +40,8 @@ NOBODY = 65534
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-  """Per-process limits. ``timeout_s`` is wall clock; ``cpu_s`` is RLIMIT_CPU."""
+  """Per-process limits. ``timeout_s`` is wall clock; ``cpu_s`` is RLIMIT_CPU; ``hidden_paths``
+  are directories replaced by an empty tmpfs for the program (needs a mount namespace)."""
 
   timeout_s: float = 5.0
   cpu_s: int = 5
@@ -49,12 +50,14 @@ class SandboxLimits:
   max_processes: int = 32
   max_open_files: int = 64
   max_output_bytes: int = 1 << 20
+  hidden_paths: tuple[str, ...] | None = None  # None: default_hidden_paths()
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
-  """status: "ok" (exit 0), "error" (non-zero exit), "signal" (killed by a signal, e.g. SIGXCPU),
-  "timeout" (wall clock), "output_limit" (stdout + stderr over the cap)."""
+  """status: "ok" (exit 0), "error" (non-zero exit), "signal" (killed by a signal, e.g. SIGSEGV),
+  "cpu_limit" (RLIMIT_CPU reached), "timeout" (wall clock), "output_limit" (stdout + stderr over
+  the cap)."""
 
   status: str
   returncode: int | None
@@ -87,8 +90,9 @@ def sandbox_capabilities() -> dict:
   unshare = shutil.which("unshare")
   prefix: list[str] = []
   if unshare:
-    candidates = [[unshare, "-n", "-p", "-f", "--kill-child"]] if is_root else []
-    candidates.append([unshare, "-r", "-n", "-p", "-f", "--kill-child"])
+    flags = ["-m", "-n", "-p", "-f", "--kill-child"]
+    candidates = [[unshare, *flags]] if is_root else []
+    candidates.append([unshare, "-r", *flags])
     for cand in candidates:
       try:
         probe = subprocess.run([*cand, "true"], capture_output=True, timeout=10)
@@ -107,19 +111,62 @@ def sandbox_capabilities() -> dict:
     "unshare_prefix": tuple(prefix),
     "net_namespace": bool(prefix),
     "pid_namespace": bool(prefix),
+    "mount_namespace": bool(prefix) and _can_hide(prefix, python),
     "drop_user": drop_user,
     "python": python,
   }
 
 
-def _rlimits(limits: SandboxLimits) -> list[tuple[str, int]]:
+def _can_hide(prefix: list[str], python: str) -> bool:
+  """Whether a tmpfs can be mounted inside the sandbox's mount namespace (probe on a temp dir)."""
+  probe_dir = tempfile.mkdtemp(prefix="rlvr_sandbox_probe_")
+  code = (
+    "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+    "sys.exit(libc.mount(b'tmpfs', sys.argv[1].encode(), b'tmpfs', 15, b'size=4k') != 0)"
+  )
+  try:
+    probe = subprocess.run([*prefix, python, "-I", "-S", "-c", code, probe_dir], timeout=10)
+    return probe.returncode == 0
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+  finally:
+    shutil.rmtree(probe_dir, ignore_errors=True)
+
+
+def default_hidden_paths() -> tuple[str, ...]:
+  """Directories hidden from programs when a mount namespace is available: the trainer's working
+  directory, the project holding this package, the home directory, /root and /home; minus any that
+  contain the sandbox interpreter or the temporary directory."""
+  package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  candidates = [os.getcwd(), package_root, os.path.expanduser("~"), "/root", "/home"]
+  keep = [
+    os.path.realpath(sandbox_capabilities()["python"]),
+    os.path.realpath(tempfile.gettempdir()),
+  ]
+  out = []
+  for path in candidates:
+    path = os.path.realpath(path)
+    inside = any(k == path or k.startswith(path.rstrip("/") + "/") for k in keep)
+    if path != "/" and os.path.isdir(path) and not inside and path not in out:
+      out.append(path)
+  return tuple(out)
+
+
+def _rlimits(limits: SandboxLimits) -> list[tuple[str, int, int]]:
+  """(name, soft, hard). CPU: SIGXCPU at the soft limit (exit 152), SIGKILL one second later."""
+  cpu = int(max(1, limits.cpu_s))
   return [
-    ("RLIMIT_CPU", int(max(1, limits.cpu_s))),
-    ("RLIMIT_AS", int(limits.memory_bytes)),
-    ("RLIMIT_FSIZE", int(limits.file_size_bytes)),
-    ("RLIMIT_NOFILE", int(limits.max_open_files)),
-    ("RLIMIT_NPROC", int(limits.max_processes)),
-    ("RLIMIT_CORE", 0),
+    ("RLIMIT_CPU", cpu, cpu + 1),
+    *[
+      (name, int(value), int(value))
+      for name, value in (
+        ("RLIMIT_AS", limits.memory_bytes),
+        ("RLIMIT_FSIZE", limits.file_size_bytes),
+        ("RLIMIT_NOFILE", limits.max_open_files),
+        ("RLIMIT_NPROC", limits.max_processes),
+        ("RLIMIT_CORE", 0),
+      )
+    ],
   ]
 
 
@@ -168,7 +215,9 @@ def run_python(
     if caps["drop_user"]:
       os.chown(workdir, NOBODY, NOBODY)
       os.chown(os.path.join(workdir, "solution.py"), NOBODY, NOBODY)
+    hide = limits.hidden_paths if limits.hidden_paths is not None else default_hidden_paths()
     cfg = {
+      "hide": list(hide) if caps["mount_namespace"] else [],
       "rlimits": _rlimits(limits),
       "uid": NOBODY if caps["drop_user"] else None,
       "gid": NOBODY,
@@ -222,7 +271,9 @@ def run_python(
     if status is None:
       if returncode == 0:
         status = "ok"
-      elif returncode is not None and returncode < 0 or returncode in (137, 152):
+      elif returncode == 152:
+        status = "cpu_limit"
+      elif returncode is None or returncode < 0:
         status = "signal"
       else:
         status = "error"

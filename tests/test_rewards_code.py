@@ -1,0 +1,161 @@
+"""Code sandbox and code reward: adversarial programs stay within their limits, the reward gives
+partial credit, and the runtime keeps working."""
+
+import os
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from rlvr_jax import rewards
+from rlvr_jax.rewards.code_sandbox import SandboxLimits, run_python, sandbox_capabilities
+
+CAPS = sandbox_capabilities()
+FAST = SandboxLimits(timeout_s=2.0, cpu_s=2)
+
+
+def _nobody_processes() -> int:
+  out = subprocess.run(["ps", "-u", "65534", "-o", "pid="], capture_output=True, text=True)
+  return len(out.stdout.split())
+
+
+def test_infinite_loop_hits_wall_clock():
+  start = time.monotonic()
+  result = run_python("while True:\n  pass\n", limits=SandboxLimits(timeout_s=1.0, cpu_s=10))
+  assert result.status == "timeout" and time.monotonic() - start < 3.0
+
+
+def test_cpu_limit():
+  result = run_python("while True:\n  pass\n", limits=SandboxLimits(timeout_s=10.0, cpu_s=1))
+  assert result.status == "cpu_limit"
+
+
+def test_segfault_and_huge_allocation():
+  assert run_python("import ctypes\nctypes.string_at(0)\n", limits=FAST).status == "signal"
+  result = run_python("block = bytearray(10 * 2**30)\nprint('allocated')\n", limits=FAST)
+  assert result.status == "error" and "MemoryError" in result.stderr and not result.stdout
+
+
+def test_output_is_capped():
+  start = time.monotonic()
+  # 100 MB of output against a 1 MB cap.
+  code = "import sys\nfor _ in range(1600):\n  sys.stdout.write('x' * 65536)\n"
+  result = run_python(code, limits=SandboxLimits(timeout_s=10.0, max_output_bytes=1 << 20))
+  assert result.status == "output_limit"
+  assert len(result.stdout) <= 1 << 20 and time.monotonic() - start < 5.0
+
+
+def test_fork_bomb_is_bounded_and_cleaned_up():
+  bomb = "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n"
+  start = time.monotonic()
+  result = run_python(bomb, limits=SandboxLimits(timeout_s=1.5, max_processes=16))
+  assert result.status == "timeout" and time.monotonic() - start < 4.0
+  if CAPS["drop_user"]:
+    deadline = time.monotonic() + 3.0
+    while _nobody_processes() and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert _nobody_processes() == 0  # every descendant was killed
+
+
+def test_file_size_limit():
+  code = "open('big', 'wb').write(b'x' * (64 << 20))\n"
+  result = run_python(code, limits=SandboxLimits(file_size_bytes=1 << 20))
+  assert result.status == "error" and "File too large" in result.stderr
+
+
+@pytest.mark.skipif(not CAPS["drop_user"], reason="needs root to run programs as nobody")
+def test_cannot_read_owner_only_files(tmp_path):
+  secret = tmp_path / "secret.txt"
+  secret.write_text("TOKEN-123")
+  os.chmod(secret, 0o600)
+  result = run_python(f"print(open({str(secret)!r}).read())\n", limits=FAST)
+  assert "TOKEN-123" not in result.stdout and result.status == "error"
+
+
+@pytest.mark.skipif(not CAPS["mount_namespace"], reason="needs a mount namespace")
+def test_trainer_directory_is_hidden():
+  readme = os.path.join(os.getcwd(), "pyproject.toml")
+  assert os.path.exists(readme)
+  code = f"import os\nprint(os.listdir({os.getcwd()!r}))\nprint(open({readme!r}).read())\n"
+  result = run_python(code, limits=FAST)
+  assert result.stdout.startswith("[]") and "FileNotFoundError" in result.stderr
+  assert "rlvr_jax" not in result.stdout
+
+
+def test_working_directory_and_environment_are_fresh():
+  os.environ["RLVR_TEST_SECRET"] = "abc"
+  try:
+    code = "import os\nprint(sorted(os.listdir('.')))\nprint('RLVR_TEST_SECRET' in os.environ)\n"
+    result = run_python(code, limits=FAST)
+  finally:
+    del os.environ["RLVR_TEST_SECRET"]
+  assert result.stdout.split("\n")[:2] == ["['solution.py']", "False"]
+
+
+@pytest.mark.skipif(not CAPS["net_namespace"], reason="needs a network namespace")
+def test_no_network():
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen(1)
+  server.settimeout(0.2)
+  port = server.getsockname()[1]
+  code = (
+    "import socket\n"
+    f"s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+    "s.sendall(b'leak')\nprint('connected')\n"
+  )
+  try:
+    result = run_python(code, limits=FAST)
+    with pytest.raises(TimeoutError):
+      server.accept()
+  finally:
+    server.close()
+  assert "connected" not in result.stdout and result.status == "error"
+
+
+def test_program_cannot_fake_results_by_exiting_early():
+  code = "import os\nos._exit(0)\ndef f(x):\n  return x\n"
+  result = run_python(code, tests=["assert f(1) == 1"], limits=FAST)
+  assert result.status == "ok" and result.test_passed == (False,)
+
+
+def test_code_reward_partial_credit_stdio_and_asserts():
+  reward = rewards.CodeReward(limits=FAST)
+  stdio_tests = [{"input": f"{i}\n", "output": f"{2 * i}\n"} for i in range(4)]
+  assert_tests = ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(2, 2) == 5"]
+  completions = [
+    "```python\nprint(2 * int(input()))\n```",  # all 4 stdio tests
+    "```python\nn = int(input())\nprint(0 if n < 2 else 2 * n)\n```",  # 0, 2*1 wrong -> 3 of 4
+    "def add(a, b):\n  return a + b\n",  # 2 of 3 asserts (the third test is wrong on purpose)
+    "def add(a, b):\n  while True:\n    pass\n",  # per-test timeouts: 0 of 3
+  ]
+  tests = [stdio_tests, stdio_tests, assert_tests, assert_tests]
+  out = reward.evaluate(["q"] * 4, completions, tests=tests)
+  np.testing.assert_allclose(out.rewards, [1.0, 0.75, 2 / 3, 0.0], atol=1e-6)
+  np.testing.assert_array_equal(out.info["correct"], [1, 0, 0, 0])
+  weighted = reward.evaluate(
+    ["q"], completions[2:3], tests=[assert_tests], test_weights=[[1.0, 1.0, 2.0]]
+  )
+  np.testing.assert_allclose(weighted.rewards, [0.5])
+
+
+def test_code_reward_verpo_in_runtime_with_adversarial_programs():
+  tests = ["assert sq(2) == 4", "assert sq(3) == 9", "assert sq(-1) == 1"]
+  completions = [
+    "def sq(x):\n  return x * x\n",  # passes all
+    "def sq(x):\n  return 2 * x\n",  # passes sq(2) only
+    "import ctypes\nctypes.string_at(0)\n",  # segfault inside the sandbox: 0 passed, no failure
+    "block = bytearray(10 * 2**30)\n",  # MemoryError inside the sandbox
+  ]
+  reward = rewards.CodeReward(limits=FAST, weighting="verpo")
+  with rewards.RewardRuntime(num_workers=2, timeout_s=8.0) as runtime:
+    result = runtime.run(reward, ["q"] * 4, completions, tests=[tests] * 4, group_size=4)
+    assert not result.failures
+    # Reference: rho = [0.5, 0.25, 0.25]; w_j proportional to 1 - rho_j + 1e-3.
+    w = np.array([0.501, 0.751, 0.751]) / 2.003
+    expected = [1 + 0.5 * w.sum(), 0.5 * w[0], 0.0, 0.0]
+    np.testing.assert_allclose(result.rewards, expected, atol=1e-6)
+    again = runtime.run(rewards.CodeReward(limits=FAST), ["q"], completions[:1], tests=[tests])
+    np.testing.assert_array_equal(again.rewards, [1.0])
