@@ -188,7 +188,10 @@ class ModelConfig:
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
     rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
     if self.rope_scaling is not None:
-      rope_parameters.update(self.rope_scaling_dict)
+      rope_parameters.update(self.rope_scaling_dict, rope_type="llama3")
+      rope_parameters["original_max_position_embeddings"] = int(
+        rope_parameters["original_max_position_embeddings"]
+      )
     d: dict[str, Any] = {
       "architectures": [arch[self.family]],
       "model_type": self.family,
