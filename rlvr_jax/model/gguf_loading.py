@@ -82,6 +82,12 @@ def _field(reader, key: str, default: Any = None) -> Any:
   return field.contents()
 
 
+def _f32_to_float(x) -> float:
+  """GGUF stores float32: 1e-5 comes back as 9.99999974e-06. Take the shortest decimal that
+  rounds to the same float32 (1e-05), i.e. the value the HF config.json had."""
+  return float(str(np.float32(x)))
+
+
 def config_from_gguf(reader, path: str = "gguf") -> ModelConfig:
   """Reads the model hyperparameters from GGUF metadata."""
   arch = _field(reader, "general.architecture")
@@ -112,8 +118,8 @@ def config_from_gguf(reader, path: str = "gguf") -> ModelConfig:
     num_heads=heads,
     num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
     head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
-    rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-    rms_norm_eps=float(req("attention.layer_norm_rms_epsilon")),
+    rope_theta=_f32_to_float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    rms_norm_eps=_f32_to_float(req("attention.layer_norm_rms_epsilon")),
     tie_word_embeddings="output.weight" not in names,
     attention_bias=arch == "qwen2",
     qk_norm=arch == "qwen3",
