@@ -137,16 +137,32 @@ def test_malformed_completions(runtime):
   completions = [
     "",
     "\x00\xff\ufffd garbage \\boxed{",
-    "9" * 1_000_000,
+    b"\x00\xff\xfe\x80 raw bytes \\boxed{4}",
+    "9" * 1_000_000,  # 1 MB
     "\\boxed{" * 2000,
+    "<think>" * 100_000,
     "\\boxed{4}",
   ]
   reward = rewards.CombinedReward({"math": rewards.MathReward(), "format": rewards.FormatReward()})
-  result = runtime.run(reward, ["q"] * 5, completions, answer=["4"] * 5)
+  start = time.monotonic()
+  result = runtime.run(reward, ["q"] * 7, completions, answer=["4"] * 7)
+  assert time.monotonic() - start < 10
   assert not result.failures
-  np.testing.assert_array_equal(result.info["correct"], [0, 0, 0, 0, 1])
-  assert result.metrics["reward/math/mean"] == pytest.approx(0.2)
+  np.testing.assert_array_equal(result.info["correct"], [0, 0, 1, 0, 0, 0, 1])
+  assert result.metrics["reward/math/mean"] == pytest.approx(2 / 7)
   assert result.metrics["reward/format/mean"] == 0.0
+
+
+def test_array_fields_are_sent_as_plain_lists(runtime):
+  lengths = np.array([3, 4], dtype=np.int32)
+  result = runtime.run(
+    rewards.OverlongReward(max_len=4, buffer_len=2),
+    ["q"] * 2,
+    ["a", "b"],
+    completion_lengths=lengths,
+    group_size=np.int64(2),
+  )
+  np.testing.assert_allclose(result.rewards, [-0.5, -1.0])
 
 
 def test_submit_from_non_main_thread_and_concurrent_jobs(runtime):

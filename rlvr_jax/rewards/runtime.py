@@ -77,6 +77,15 @@ class RewardResult:
     return mask
 
 
+def _to_host(name: str, value: Any) -> Any:
+  """Arrays (numpy or jax) become plain lists, so workers never unpickle device arrays."""
+  if name == "group_size":
+    return None if value is None else int(value)
+  if hasattr(value, "__array__") and not isinstance(value, list | tuple):
+    return np.asarray(value).tolist()
+  return value
+
+
 def _describe(exc: BaseException) -> str:
   try:
     text = f"{type(exc).__name__}: {exc}"
@@ -233,6 +242,7 @@ class RewardRuntime:
     if self._closed:
       raise RuntimeError("RewardRuntime is closed")
     prompts, completions = list(prompts), list(completions)
+    fields = {k: _to_host(k, v) for k, v in fields.items()}
     num_rows, group_size = protocol.check_batch(prompts, completions, fields)
     if granularity not in ("item", "group", "batch"):
       raise ValueError(f"granularity must be 'item', 'group' or 'batch', got {granularity!r}")
