@@ -202,3 +202,43 @@ def test_bad_inputs_raise_clear_errors(runtime):
     runtime.submit(lambda p, c: np.zeros(len(c)), ["a"], ["b"])
   with pytest.raises(ValueError, match="fork"):
     RewardRuntime(1, start_method="fork")
+
+
+class _Unloadable:
+  """Pickles fine here, fails to unpickle in a worker (like a module missing there)."""
+
+  def __reduce__(self):
+    return (_raise_on_load, ())
+
+  def __call__(self, prompts, completions, **fields):
+    return np.zeros(len(completions), np.float32)
+
+
+def _raise_on_load():
+  raise ImportError("module only importable in the parent")
+
+
+def test_unloadable_reward_fn_raises_and_pool_recovers(runtime):
+  with pytest.raises(RuntimeError, match="could not be loaded.*only importable in the parent"):
+    runtime.run(_Unloadable(), ["p"] * 40, ["c"] * 40)
+  result = runtime.run(length_reward, ["p"] * 3, ["a", "bb", "ccc"])
+  np.testing.assert_array_equal(result.rewards, [1, 2, 3])
+
+
+def jax_loaded_reward(prompts, completions, **fields):
+  import sys
+
+  return np.array([float("jax" in sys.modules)] * len(completions), np.float32)
+
+
+def test_workers_and_rewards_package_never_import_jax(runtime):
+  import subprocess
+  import sys
+
+  # The parent (this test process) has jax loaded; forkserver workers start clean.
+  assert "jax" in sys.modules
+  result = runtime.run(jax_loaded_reward, ["p"], ["c"])
+  np.testing.assert_array_equal(result.rewards, [0.0])
+  code = "import sys, rlvr_jax.rewards as r; r.MathReward(); print('jax' in sys.modules)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "False"

@@ -22,7 +22,11 @@ if _cfg["hide"]:
       sys.stderr.write("sandbox: cannot hide %s (errno %d)\n" % (_p, ctypes.get_errno()))
       os._exit(97)
 for _name, _soft, _hard in _cfg["rlimits"]:
-  resource.setrlimit(getattr(resource, _name), (_soft, _hard))
+  _res_id = getattr(resource, _name)
+  _cap = resource.getrlimit(_res_id)[1]  # a limit can only be lowered: clamp to the current hard
+  if _cap != resource.RLIM_INFINITY:
+    _soft, _hard = min(_soft, _cap), min(_hard, _cap)
+  resource.setrlimit(_res_id, (_soft, _hard))
 if _cfg["uid"] is not None:
   os.setgroups([])
   os.setgid(_cfg["gid"])
@@ -36,7 +40,7 @@ with open("solution.py", encoding="utf-8") as _f:
 if _cfg["mode"] == "stdio":
   os.close(_rfd)
   _g = {"__name__": "__main__", "__builtins__": __builtins__}
-  del _cfg, _f, _fd, _rfd, _name, _soft, _hard
+  del _cfg, _f, _fd, _rfd, _name, _soft, _hard, _res_id, _cap
   exec(compile(_src, "solution.py", "exec"), _g)
 else:
   _res = os.fdopen(_rfd, "w", buffering=1)

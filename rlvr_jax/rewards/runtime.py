@@ -122,7 +122,11 @@ def _worker_main(conn, memory_limit_bytes: int | None) -> None:
       return
     _, job_id, fn_bytes, units = msg
     if cached_job != job_id:
-      fn = pickle.loads(fn_bytes)  # an import error here kills the worker: recorded as a crash
+      try:
+        fn = pickle.loads(fn_bytes)
+      except BaseException as e:  # noqa: BLE001  (a configuration error: the whole job fails)
+        conn.send(("loadfail", _describe(e)))
+        continue
       cached_job = job_id
     conn.send(("loaded",))
     for index, payload in units:
@@ -320,6 +324,18 @@ class RewardRuntime:
 
   def _execute(self, job_id: int, fn_bytes: bytes, payloads: list, unit_timeout: float):
     """Runs all units; returns (values, failures) with values[i] None where unit i failed."""
+    try:
+      return self._execute_units(job_id, fn_bytes, payloads, unit_timeout)
+    except BaseException:
+      # Busy workers still hold units of the abandoned job: replace them so no stale result
+      # reaches the next job.
+      for w in list(self._workers):
+        if w.units:
+          w.units.clear()
+          self._replace(w)
+      raise
+
+  def _execute_units(self, job_id, fn_bytes, payloads, unit_timeout):
     num_units = len(payloads)
     values: list[Any] = [None] * num_units
     failures: dict[int, RewardFailure] = {}
@@ -347,7 +363,12 @@ class RewardRuntime:
             self._replace(self._workers[slot])
           w = self._workers[slot]
           units = pending.popleft()
-          w.conn.send(("job", job_id, fn_bytes, [(i, payloads[i]) for i in units]))
+          try:
+            w.conn.send(("job", job_id, fn_bytes, [(i, payloads[i]) for i in units]))
+          except OSError:  # died between the liveness check and the send: try a fresh worker
+            self._replace(w)
+            w = self._workers[slot]
+            w.conn.send(("job", job_id, fn_bytes, [(i, payloads[i]) for i in units]))
           w.units.extend(units)
           w.started = time.monotonic()
           w.deadline, w.loaded = w.started + self.load_timeout_s, False
@@ -361,6 +382,8 @@ class RewardRuntime:
             while w.units and w.conn.poll():
               msg = w.conn.recv()
               now = time.monotonic()
+              if msg[0] == "loadfail":
+                raise RuntimeError(f"reward_fn could not be loaded in a worker process: {msg[1]}")
               if msg[0] == "loaded":
                 w.loaded = True
               else:
