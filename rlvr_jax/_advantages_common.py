@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 Scope = str  # "group" | "rollout" | "none"; see METHODS.md §1.3.
 
@@ -80,6 +81,18 @@ def prepare(rewards: jax.Array, valid: jax.Array | None) -> tuple[jax.Array, jax
 
 
 # ----------------------------------------------------------------------------- statistics
+
+
+def replicated(x: jax.Array) -> jax.Array:
+  """Gathers an array sharded over Explicit mesh axes, for global sorts of small arrays.
+
+  With sharding in types (``jax.make_mesh`` defaults to Explicit axes) a sort along a sharded
+  dimension is a type error; under Auto axes or without a mesh this is the identity.
+  """
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  if sharding is None or sharding.mesh.empty or all(s is None for s in sharding.spec):
+    return x
+  return jax.sharding.reshard(x, jax.sharding.NamedSharding(sharding.mesh, PartitionSpec()))
 
 
 def _psum(x: jax.Array, axis_name: str | None) -> jax.Array:

@@ -55,6 +55,20 @@ def _sorted_quantile(sorted_values: jax.Array, count: jax.Array, tau: float) -> 
   return v_lo + (pos - lo) * (v_hi - v_lo)
 
 
+def _gather_invariant(x: jax.Array, axis_name: str) -> jax.Array:
+  """All-gather (tiled) of a small vector as a psum, so the result is device-invariant.
+
+  ``lax.all_gather`` is typed as varying inside ``shard_map``; the tracker must come out
+  replicated, so each shard writes its slice into zeros and the slices are summed.
+  """
+  size, n = jax.lax.axis_size(axis_name), x.shape[0]
+  full = jnp.zeros((size * n,), jnp.float32)
+  full = jax.lax.dynamic_update_slice(
+    full, x.astype(jnp.float32), (jax.lax.axis_index(axis_name) * n,)
+  )
+  return jax.lax.psum(full, axis_name)
+
+
 def riskpo_tracker_update(
   state: RiskPOState,
   scores: jax.Array,
@@ -78,9 +92,9 @@ def riskpo_tracker_update(
   """
   common.check_same_shape(("scores", "mask"), (scores, mask))
   scores, mask = scores.reshape(-1).astype(jnp.float32), mask.reshape(-1).astype(bool)
+  scores, mask = common.replicated(scores), common.replicated(mask)  # pooled sort below
   if axis_name is not None:
-    scores = jax.lax.all_gather(scores, axis_name, tiled=True)
-    mask = jax.lax.all_gather(mask, axis_name, tiled=True)
+    scores, mask = _gather_invariant(scores, axis_name), _gather_invariant(mask, axis_name) > 0
   levels = jnp.asarray(state.levels, jnp.float32)
   count = jnp.sum(mask)
   sorted_scores = jnp.sort(jnp.where(mask, scores, jnp.inf))

@@ -55,7 +55,8 @@ def discounted_returns(
     ret = jnp.where(m, u + gamma * carry, carry)
     return ret, jnp.where(m, ret, 0.0)
 
-  return _reverse_scan(step, jnp.zeros(mask.shape[0], jnp.float32), rewards, mask)
+  # The carry is derived from the data so it inherits its sharding / shard_map varying type.
+  return _reverse_scan(step, jnp.zeros_like(rewards[:, 0]), rewards, mask)
 
 
 def _outcome_on_last_token(seq_rewards: jax.Array, mask: jax.Array) -> jax.Array:
@@ -192,7 +193,7 @@ def gae_advantages(
     carry = (jnp.where(m, v, next_value), jnp.where(m, adv, next_adv))
     return carry, jnp.where(m, adv, 0.0)
 
-  zeros = jnp.zeros(mask.shape[0], jnp.float32)
+  zeros = jnp.zeros_like(rewards[:, 0])  # inherits sharding / varying type, see above
   advantages = _reverse_scan(step, (zeros, zeros), rewards, values, mask)
   returns = jnp.where(mask, advantages + values, 0.0)
   if whiten:
