@@ -1,0 +1,91 @@
+"""Builders from a validated config: tokenizer, model, reward function, prompt streams."""
+
+from __future__ import annotations
+
+import jax
+
+from rlvr_jax import data as data_lib
+from rlvr_jax import model, rewards
+
+
+def build_model(c, *, vocab_size: int | None = None, eos_id: int | None = None, pad_id: int = 0):
+  """(params, ModelConfig, tokenizer or None) for ``config.model``.
+
+  ``tiny``: a from-scratch Llama-style model sized by the config, initialised from the run seed
+  (its tokenizer is built separately, e.g. the character tokenizer). ``smollm2``: the embedded
+  SmolLM2-135M-Instruct. ``hf``: a local Hugging Face checkpoint directory.
+  """
+  m = c.model
+  if m.source == "tiny":
+    cfg = model.ModelConfig.tiny(
+      vocab_size=vocab_size,
+      hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size,
+      num_layers=m.num_layers,
+      num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads,
+      head_dim=m.head_dim,
+      bos_token_id=1,
+      eos_token_ids=(eos_id,),
+      pad_token_id=pad_id,
+      dtype=m.dtype,
+      remat=m.remat,
+    )
+    return model.init_params(cfg, jax.random.key(c.seed)), cfg, None
+  if m.source == "smollm2":
+    params, cfg, tok = model.load_smollm2(dtype=m.dtype)
+    return params, cfg.replace(remat=m.remat), tok
+  params, cfg = model.load_hf(m.path, dtype=m.dtype)
+  return params, cfg.replace(remat=m.remat), model.Tokenizer.from_pretrained(m.path)
+
+
+def build_tokenizer_and_model(c):
+  """(tokenizer, params, model_config)."""
+  if c.tokenizer.kind == "char":
+    tok = data_lib.CharTokenizer(c.tokenizer.alphabet)
+    params, cfg, _ = build_model(c, vocab_size=tok.vocab_size, eos_id=tok.eos_id, pad_id=tok.pad_id)
+    return tok, params, cfg
+  params, cfg, tok = build_model(c)
+  return tok, params, cfg
+
+
+def build_reward(c):
+  """The reward function named by ``config.reward.name`` (an ``rewards.ItemReward``)."""
+  name = c.reward.name
+  if name == "arithmetic":
+    return rewards.ArithmeticReward()
+  if name == "countdown":
+    return rewards.CountdownReward()
+  return rewards.MathReward()
+
+
+def build_runtime(c):
+  return rewards.RewardRuntime(num_workers=c.reward.num_workers, timeout_s=c.reward.timeout_s)
+
+
+def warm_start_source(c):
+  """The supervised warm-start stream: the train split with its own seed, optionally through a
+  flawed teacher that drops carries with probability ``warm_start.drop_carry_prob``."""
+  spec = data_lib.task_spec(c.data)
+  source = data_lib.PromptSource(task=spec, seed=c.warm_start.seed, split="train")
+  prob = float(c.warm_start.drop_carry_prob)
+  if prob == 0.0:
+    return source
+  return _FlawedTeacher(source, prob, seed=c.warm_start.seed)
+
+
+class _FlawedTeacher:
+  """Replaces the reference answer by the carry-less digit sum with probability ``prob``."""
+
+  def __init__(self, source, prob: float, *, seed: int):
+    self.source, self.prob, self.seed = source, prob, seed
+
+  def take(self, n: int):
+    import numpy as np
+
+    out = []
+    for r in self.source.take(n):
+      if np.random.default_rng([self.seed, 7, r["index"]]).random() < self.prob:
+        r = {**r, "answer": data_lib.tasks.no_carry_sum(r["key"])}
+      out.append(r)
+    return out

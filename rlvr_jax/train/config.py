@@ -1,0 +1,265 @@
+"""Config blocks shared by the experiment files, and fail-fast validation.
+
+Experiment files (``experiments/*.py``) build their ``get_config()`` from ``base_config()`` and
+override fields. Every field is an ``ml_collections`` field, so every one is overridable from the
+command line as ``--config.a.b=value``. Objective hyperparameters live under
+``config.objective.kwargs`` as typed placeholders (None = the objective's own default), one per
+keyword hyperparameter of any objective in ``losses.OBJECTIVES`` (plus the common options), so
+``--config.objective.kwargs.clip_high=0.28`` works for every recipe.
+
+``validate(config)`` raises ``ConfigError`` naming the offending field before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from ml_collections import ConfigDict, config_dict
+
+from rlvr_jax import advantages, losses
+from rlvr_jax._objectives import CommonOptions
+
+# Keyword arguments of the objectives that are arrays computed by the trainer, not settings.
+_ARRAY_INPUTS = {
+  "num_tokens",
+  "num_seqs",
+  "ref_logp",
+  "sampler_logp",
+  "entropy",
+  "mean_log_softmax",
+  "cov_stats",
+  "noise",
+  "key",
+  "entropy_threshold",
+  "omega_range",
+  "proxy_logp",
+  "lp_threshold",
+  "siren_anchor",
+  "siren_selected_entropy",
+  "nucleus_entropy",
+  "group_size",
+}
+
+# Advantage estimators selectable by name (sequence-level, [P, G] -> [P, G]).
+ADVANTAGES = {
+  "grpo": advantages.grpo_advantages,
+  "dr_grpo": advantages.dr_grpo_advantages,
+  "lite_ppo": advantages.lite_ppo_advantages,
+  "rloo": advantages.rloo_advantages,
+  "riskpo": None,  # stateful: handled by train.rollout with advantages.riskpo_advantages
+}
+ZERO_VARIANCE = ("keep", "mask", "refill")
+MODEL_SOURCES = ("tiny", "smollm2", "hf")
+
+
+class ConfigError(ValueError):
+  """An invalid config value; the message starts with the field name."""
+
+
+def objective_hyperparameters() -> dict[str, type]:
+  """Name -> type of every keyword hyperparameter of every objective and of CommonOptions."""
+  out: dict[str, type] = {}
+  params = [
+    p
+    for fn in losses.OBJECTIVES.values()
+    for p in inspect.signature(fn).parameters.values()
+    if p.kind == p.KEYWORD_ONLY
+  ]
+  defaults = [(p.name, p.default) for p in params]
+  defaults += [(f.name, f.default) for f in dataclasses.fields(CommonOptions)]
+  for name, default in defaults:
+    if name in _ARRAY_INPUTS:
+      continue
+    kind = type(default) if default is not None else float
+    out.setdefault(name, float if kind is int else kind)
+  return out
+
+
+def objective_kwargs_config() -> ConfigDict:
+  return ConfigDict({k: config_dict.placeholder(t) for k, t in objective_hyperparameters().items()})
+
+
+def objective_kwargs(config) -> dict:
+  """The hyperparameters set in ``config.objective.kwargs`` (None entries dropped)."""
+  return {k: v for k, v in config.objective.kwargs.items() if v is not None}
+
+
+def base_config() -> ConfigDict:
+  """All fields with defaults; experiment files override what they need."""
+  c = ConfigDict()
+  c.seed = 0
+  c.workdir = "runs/default"
+  c.max_steps_this_run = 0  # > 0: stop after this many RL steps in this process (tests, jobs)
+  c.model = ConfigDict(
+    dict(
+      source="tiny",
+      path="",
+      dtype="float32",
+      remat=False,
+      hidden_size=64,
+      intermediate_size=256,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+    )
+  )
+  c.tokenizer = ConfigDict(dict(kind="char", alphabet="0123456789+-*="))
+  c.data = ConfigDict(
+    dict(
+      source="task",
+      task=dict(
+        name="arithmetic",
+        style="bare",
+        ops="+",
+        min_value=0,
+        max_value=49,
+        num_terms=2,
+        heldout_fraction=0.1,
+      ),
+      path="",
+      eval_path="",
+      prompt_template="{question}",
+      answer_field="answer",
+      chat_template=False,
+      system_prompt="",
+      add_special_tokens=True,
+      seed=0,
+      num_eval=256,
+      prompt_bucket=8,
+    )
+  )
+  c.warm_start = ConfigDict(
+    dict(num_steps=0, batch_size=64, learning_rate=3e-3, drop_carry_prob=0.0, seed=100, bucket=8)
+  )
+  c.reward = ConfigDict(dict(name="arithmetic", num_workers=1, timeout_s=10.0))
+  c.sampling = ConfigDict(
+    dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5)
+  )
+  c.rl = ConfigDict(
+    dict(
+      num_steps=100,
+      prompts_per_step=32,
+      advantage="grpo",
+      zero_variance="mask",
+      max_gen_batches=4,
+      riskpo_bundle_size=4,
+      num_epochs=1,
+      num_minibatches=1,
+      num_microbatches=1,
+      use_reference=False,
+      logprob_chunk=128,
+    )
+  )
+  c.objective = ConfigDict(dict(name="grpo", kwargs=objective_kwargs_config()))
+  c.optim = ConfigDict(
+    dict(
+      learning_rate=1e-3,
+      schedule="constant",
+      warmup_steps=0,
+      final_lr_fraction=0.1,
+      b1=0.9,
+      b2=0.99,
+      eps=1e-8,
+      weight_decay=0.0,
+      grad_clip=1.0,
+    )
+  )
+  c.eval = ConfigDict(dict(every=25, num_samples=4, temperature=1.0, batch_size=256))
+  c.checkpoint = ConfigDict(dict(every=25, keep=2, async_save=True, resume=True))
+  c.logging = ConfigDict(dict(tensorboard=True, progress=True, plot=True))
+  return c
+
+
+def _need(cond: bool, field: str, msg: str) -> None:
+  if not cond:
+    raise ConfigError(f"config.{field}: {msg}")
+
+
+def validate(c) -> None:
+  """Fail fast, naming the field, on values the trainer cannot run with."""
+  _need(
+    c.model.source in MODEL_SOURCES, "model.source", f"{c.model.source!r} not in {MODEL_SOURCES}"
+  )
+  _need(c.model.source != "hf" or bool(c.model.path), "model.path", "needed for model.source='hf'")
+  _need(c.model.dtype in ("float32", "bfloat16"), "model.dtype", f"{c.model.dtype!r}")
+  _need(c.tokenizer.kind in ("char", "model"), "tokenizer.kind", f"{c.tokenizer.kind!r}")
+  _need(
+    c.model.source == "tiny" or c.tokenizer.kind == "model",
+    "tokenizer.kind",
+    "a pretrained model needs tokenizer.kind='model'",
+  )
+  _need(c.data.source in ("task", "files"), "data.source", f"{c.data.source!r}")
+  _need(
+    c.data.source != "files" or bool(c.data.path), "data.path", "needed for data.source='files'"
+  )
+  _need(c.data.num_eval >= 1, "data.num_eval", f"must be >= 1, got {c.data.num_eval}")
+  _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
+  _need(c.reward.name in ("arithmetic", "math", "countdown"), "reward.name", f"{c.reward.name!r}")
+  _need(c.reward.num_workers >= 1, "reward.num_workers", "must be >= 1")
+  _need(c.reward.timeout_s > 0, "reward.timeout_s", "must be > 0")
+  s = c.sampling
+  _need(s.num_samples >= 2, "sampling.num_samples", f"group RL needs G >= 2, got {s.num_samples}")
+  _need(s.temperature > 0, "sampling.temperature", f"must be > 0, got {s.temperature}")
+  _need(s.max_new_tokens >= 1, "sampling.max_new_tokens", "must be >= 1")
+  _need(0 < s.top_p <= 1, "sampling.top_p", f"must be in (0, 1], got {s.top_p}")
+  _need(s.top_k >= 0, "sampling.top_k", "must be >= 0 (0 = off)")
+  r = c.rl
+  _need(r.num_steps >= 1, "rl.num_steps", "must be >= 1")
+  _need(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
+  _need(r.advantage in ADVANTAGES, "rl.advantage", f"{r.advantage!r} not in {sorted(ADVANTAGES)}")
+  _need(
+    r.zero_variance in ZERO_VARIANCE,
+    "rl.zero_variance",
+    f"{r.zero_variance!r} not in {ZERO_VARIANCE}",
+  )
+  _need(r.max_gen_batches >= 1, "rl.max_gen_batches", "must be >= 1")
+  _need(
+    r.advantage != "riskpo" or r.prompts_per_step % r.riskpo_bundle_size == 0,
+    "rl.riskpo_bundle_size",
+    f"must divide rl.prompts_per_step={r.prompts_per_step}, got {r.riskpo_bundle_size}",
+  )
+  _need(r.num_epochs >= 1, "rl.num_epochs", "must be >= 1")
+  _need(
+    r.num_minibatches >= 1 and r.prompts_per_step % r.num_minibatches == 0,
+    "rl.num_minibatches",
+    f"must divide rl.prompts_per_step={r.prompts_per_step}, got {r.num_minibatches}",
+  )
+  rows = r.prompts_per_step // r.num_minibatches * s.num_samples
+  _need(
+    r.num_microbatches >= 1 and rows % r.num_microbatches == 0,
+    "rl.num_microbatches",
+    f"must divide the {rows} rows of a minibatch, got {r.num_microbatches}",
+  )
+  _need(
+    c.objective.name in losses.OBJECTIVES,
+    "objective.name",
+    f"{c.objective.name!r} not in {sorted(losses.OBJECTIVES)}",
+  )
+  _need(c.objective.name != "siren", "objective.name", "siren needs an anchor state: not wired yet")
+  kw = objective_kwargs(c)
+  if kw.get("kl_coef", 0.0):
+    _need(
+      r.use_reference, "rl.use_reference", "objective.kwargs.kl_coef > 0 needs a reference model"
+    )
+  for key in ("clip_low", "clip_high"):
+    if key in kw:
+      _need(kw[key] >= 0, f"objective.kwargs.{key}", f"must be >= 0, got {kw[key]}")
+  o = c.optim
+  _need(o.learning_rate > 0, "optim.learning_rate", f"must be > 0, got {o.learning_rate}")
+  _need(o.schedule in ("constant", "cosine", "linear"), "optim.schedule", f"{o.schedule!r}")
+  _need(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+  _need(0 <= o.b1 < 1 and 0 <= o.b2 < 1, "optim.b1/b2", "must be in [0, 1)")
+  _need(c.eval.every >= 0, "eval.every", "must be >= 0 (0 = only before and after)")
+  _need(c.eval.num_samples >= 1, "eval.num_samples", "must be >= 1")
+  _need(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at the end)")
+  _need(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
+  w = c.warm_start
+  _need(w.num_steps >= 0, "warm_start.num_steps", "must be >= 0")
+  _need(0.0 <= w.drop_carry_prob <= 1.0, "warm_start.drop_carry_prob", "must be in [0, 1]")
+  _need(
+    w.drop_carry_prob == 0.0 or (c.data.source == "task" and c.data.task.ops == "+"),
+    "warm_start.drop_carry_prob",
+    "the carry-dropping teacher only exists for the addition task (data.task.ops='+')",
+  )

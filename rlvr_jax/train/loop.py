@@ -1,0 +1,283 @@
+"""The host loop: build -> (warm start) -> evaluate -> RL steps -> evaluate -> plot.
+
+One RL step (``Trainer.rl_step``):
+
+  rollout batch (train.rollout.Collector: sample G per prompt, rewards in worker processes,
+    advantages, dynamic sampling)
+  -> rl.num_epochs x rl.num_minibatches optimiser updates (train.step; groups are shuffled
+     between epochs with a key derived from (seed, step, epoch), each minibatch's normalisers
+     N_tok / N_seq are computed here over the whole minibatch)
+  -> metrics (JSONL, TensorBoard, progress bar) -> checkpoint every ``checkpoint.every`` steps.
+
+Exact resume: every source of randomness is a pure function of (seed, step, data position), the
+data position and advantage-estimator state are in the checkpoint with the params, optimiser state
+and run key, so ``N/2 steps, kill, resume, N/2 steps`` repeats an uninterrupted ``N`` steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import advantages as adv_lib
+from rlvr_jax import checkpoint as ckpt_lib
+from rlvr_jax import data as data_lib
+from rlvr_jax import metrics as metrics_lib
+from rlvr_jax.train import build, evaluate, optimizer, rollout, sft
+from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import step as step_lib
+from rlvr_jax.train.state import TrainBatch, init_state
+
+
+class Trainer:
+  """Owns the run: model, data, reward runtime, jitted step, writers, checkpoints."""
+
+  def __init__(self, config, *, log=print):
+    config_lib.validate(config)
+    self.c, self.log = config, log
+    c = config
+    os.makedirs(c.workdir, exist_ok=True)
+    with open(os.path.join(c.workdir, "config.json"), "w") as f:
+      f.write(c.to_json_best_effort(indent=2))
+    self.tokenizer, params, self.model_config = build.build_tokenizer_and_model(c)
+    self.source, self.heldout = data_lib.build_sources(c.data)
+    self.runtime = build.build_runtime(c)
+    self.collector = rollout.Collector(
+      config=c,
+      model_config=self.model_config,
+      tokenizer=self.tokenizer,
+      reward_fn=build.build_reward(c),
+      runtime=self.runtime,
+      source=self.source,
+    )
+    r = c.rl
+    self.updates_per_step = r.num_epochs * r.num_minibatches
+    self.optimizer = optimizer.make_optimizer(
+      c.optim, decay_steps=r.num_steps * self.updates_per_step
+    )
+    kwargs = config_lib.objective_kwargs(c)
+    kwargs.setdefault("seq_norm_constant", float(c.sampling.max_new_tokens))
+    kwargs.setdefault("group_size", c.sampling.num_samples)
+    self.train_step = step_lib.make_train_step(
+      model_config=self.model_config,
+      optimizer=self.optimizer,
+      objective=c.objective.name,
+      objective_kwargs=kwargs,
+      num_microbatches=r.num_microbatches,
+      temperature=c.sampling.temperature,
+      chunk_size=r.logprob_chunk,
+      on_policy=self.updates_per_step == 1,
+    )
+    extra = {}
+    if r.advantage == "riskpo":
+      extra["riskpo"] = adv_lib.riskpo_init()
+    if r.use_reference:
+      extra["ref_params"] = params
+    self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
+    self.checkpointer = ckpt_lib.Checkpointer(
+      os.path.join(c.workdir, "checkpoints"),
+      keep=c.checkpoint.keep,
+      async_save=c.checkpoint.async_save,
+    )
+    self.host_state = {"data": self.source.state(), "eval_before": None, "warm_start_done": False}
+
+  # ------------------------------------------------------------------ set-up
+  def restore_or_start(self) -> int:
+    """Restore the latest complete checkpoint (if resuming), else warm start; returns the step."""
+    c = self.c
+    restored = self.checkpointer.restore(self.state) if c.checkpoint.resume else None
+    if restored is not None:
+      step, self.state, self.host_state = restored
+      self.source.restore(self.host_state["data"])
+      self.log(f"resumed from step {step} ({self.checkpointer.directory})")
+      return int(step)
+    if c.warm_start.num_steps > 0:
+      t0 = time.perf_counter()
+      params, _ = sft.warm_start(
+        self.state.params,
+        source=build.warm_start_source(c),
+        tokenizer=self.tokenizer,
+        model_config=self.model_config,
+        cfg=c.warm_start,
+        max_new_tokens=c.sampling.max_new_tokens,
+        log=self.log,
+      )
+      extra = dict(self.state.extra)
+      if "ref_params" in extra:
+        extra["ref_params"] = params
+      self.state = init_state(params, self.optimizer, self.state.key, extra)
+      self.host_state["warm_start_s"] = time.perf_counter() - t0
+    self.host_state["warm_start_done"] = True
+    return 0
+
+  # ------------------------------------------------------------------ one RL step
+  def _minibatch(self, batch: rollout.RolloutBatch, rows: np.ndarray):
+    tokens, positions = step_lib.sequence_inputs(
+      batch.prompt_tokens[rows], batch.prompt_mask[rows], jnp.asarray(batch.tokens[rows])
+    )
+    cmask = batch.completion_mask[rows]
+    t = cmask.shape[1]
+    adv = np.asarray(batch.advantages[rows])[:, None] * cmask
+    sampler_logp = batch.sampler_logp[rows]
+    extras = {k: jnp.asarray(v[rows]) for k, v in batch.scores.items() if k == "proxy_logp"}
+    old = batch.scores.get("old_logp")
+    ref = batch.scores.get("ref_logp")
+    tb = TrainBatch(
+      tokens=tokens,
+      positions=positions,
+      completion_mask=jnp.asarray(cmask),
+      advantages=jnp.asarray(adv, jnp.float32),
+      old_logp=jnp.asarray(old[rows] if old is not None else np.zeros((len(rows), t), np.float32)),
+      sampler_logp=jnp.asarray(sampler_logp),
+      ref_logp=None if ref is None else jnp.asarray(ref[rows]),
+      extras=extras,
+    )
+    num_tokens = float(cmask.sum())
+    num_seqs = float((cmask.sum(-1) > 0).sum())
+    return tb, num_tokens, num_seqs
+
+  def rl_step(self, step: int) -> dict:
+    c = self.c
+    t0 = time.perf_counter()
+    step_key = jax.random.fold_in(self.state.key, step)
+    adv_state = self.state.extra.get("riskpo")
+    batch, adv_state = self.collector.collect(
+      self.state.params,
+      key=step_key,
+      ref_params=self.state.extra.get("ref_params"),
+      need_old=self.updates_per_step > 1,
+      adv_state=adv_state,
+    )
+    if adv_state is not None:
+      self.state = self.state.replace(extra={**self.state.extra, "riskpo": adv_state})
+    t1 = time.perf_counter()
+    P, G = c.rl.prompts_per_step, c.sampling.num_samples
+    per_mb = P // c.rl.num_minibatches
+    update_metrics, skipped_empty = [], 0
+    for epoch in range(c.rl.num_epochs):
+      order = np.arange(P)
+      if epoch > 0:
+        order = np.random.default_rng([c.seed, step, epoch]).permutation(P)
+      for m in range(c.rl.num_minibatches):
+        groups = order[m * per_mb : (m + 1) * per_mb]
+        rows = (groups[:, None] * G + np.arange(G)[None, :]).reshape(-1)
+        tb, num_tokens, num_seqs = self._minibatch(batch, rows)
+        if num_tokens == 0:  # every group masked (e.g. all zero-variance): nothing to learn
+          skipped_empty += 1
+          continue
+        key = jax.random.fold_in(jax.random.fold_in(step_key, 1 + epoch), m)
+        self.state, um = self.train_step(self.state, tb, num_tokens, num_seqs, key)
+        update_metrics.append(um)
+    self.state = self.state.replace(step=jnp.asarray(step + 1, jnp.int32))
+    out = dict(batch.metrics)
+    if update_metrics:
+      host = [jax.tree.map(float, jax.device_get(um)) for um in update_metrics]
+      for k in host[0]:
+        vals = [h[k] for h in host]
+        out[k] = vals[0] if k.startswith("logp_gap/") else float(np.mean(vals))
+    t2 = time.perf_counter()
+    out["update/empty_skipped"] = float(skipped_empty)
+    out["update/num_skipped_total"] = float(self.state.num_skipped)
+    out["time/update"] = t2 - t1
+    out["time/rollout"] = t1 - t0
+    out["time/step"] = t2 - t0
+    return out
+
+  # ------------------------------------------------------------------ checkpoint / eval
+  def save(self, step: int, *, force=False) -> None:
+    self.host_state["data"] = self.source.state()
+    state = self.state
+    if self.c.checkpoint.async_save:  # the next train step donates the state's buffers
+      state = jax.tree.map(jnp.copy, state)
+    self.checkpointer.save(step, state, json.loads(json.dumps(self.host_state)), force=force)
+
+  def evaluate(self) -> dict:
+    t0 = time.perf_counter()
+    out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
+    out["eval/time_s"] = time.perf_counter() - t0
+    return out
+
+  # ------------------------------------------------------------------ the run
+  def run(self) -> dict:
+    c = self.c
+    start = self.restore_or_start()
+    resume_step = start if start > 0 else None
+    writer = metrics_lib.MetricsWriter(
+      c.workdir, tensorboard=c.logging.tensorboard, resume_step=resume_step
+    )
+    if self.host_state.get("eval_before") is None:
+      before = self.evaluate()
+      self.host_state["eval_before"] = before
+      writer.write(0, before)
+      self.log(_fmt("before RL", before))
+    stop = c.rl.num_steps
+    if c.max_steps_this_run > 0:
+      stop = min(stop, start + c.max_steps_this_run)
+    bar = metrics_lib.ProgressBar(c.rl.num_steps, start, enabled=c.logging.progress)
+    t_run = time.perf_counter()
+    last = {}
+    for step in range(start, stop):
+      last = self.rl_step(step)
+      writer.write(step + 1, last)
+      bar.update(last)
+      done = step + 1
+      if c.eval.every and done % c.eval.every == 0 and done < c.rl.num_steps:
+        ev = self.evaluate()
+        writer.write(done, ev)
+        bar.write(_fmt(f"step {done}", ev))
+      if (c.checkpoint.every and done % c.checkpoint.every == 0) or done == stop:
+        self.save(done)
+    bar.close()
+    summary = {"rl_time_s": time.perf_counter() - t_run, "steps": stop, "last": last}
+    if stop == c.rl.num_steps:
+      after = self.evaluate()
+      writer.write(stop, after)
+      summary.update(eval_before=self.host_state["eval_before"], eval_after=after)
+      self.log(_fmt("before RL", self.host_state["eval_before"]))
+      self.log(_fmt("after RL ", after))
+    self.checkpointer.wait()
+    writer.close()
+    with open(os.path.join(c.workdir, "summary.json"), "w") as f:
+      json.dump(_jsonable(summary), f, indent=2)
+    if c.logging.plot and stop == c.rl.num_steps:
+      from rlvr_jax.train import plotting
+
+      path = plotting.plot_runs([c.workdir], os.path.join(c.workdir, "curves.png"))
+      self.log(f"curves: {path}")
+      summary["plot"] = path
+    return summary
+
+  def close(self) -> None:
+    self.checkpointer.close()
+    self.runtime.close()
+
+
+def _fmt(label: str, ev: dict) -> str:
+  parts = [f"{k.split('/', 1)[1]}={v:.3f}" for k, v in ev.items() if k != "eval/time_s"]
+  return f"[{label}] held-out " + " ".join(parts)
+
+
+def _jsonable(x):
+  if isinstance(x, dict):
+    return {k: _jsonable(v) for k, v in x.items()}
+  if dataclasses.is_dataclass(x):
+    return _jsonable(dataclasses.asdict(x))
+  try:
+    return float(x)
+  except (TypeError, ValueError):
+    return str(x)
+
+
+def train(config, *, log=print) -> dict:
+  """Run an experiment end to end; returns a summary dict (also in ``workdir/summary.json``)."""
+  trainer = Trainer(config, log=log)
+  try:
+    return trainer.run()
+  finally:
+    trainer.close()

@@ -1,0 +1,305 @@
+"""Rollout collection: prompts -> G samples each -> rewards -> advantages (host orchestration).
+
+``Collector.collect(params, ...)`` returns one rollout batch of exactly P groups of G rows:
+
+1. take P_gen prompts from the train stream, format (chat template) and left-pad them;
+2. ``sampling.generate`` G completions per prompt (keys from the run key, the step, the
+   generation round and each prompt's global data index, so samples do not depend on batching);
+3. decode and submit the completions to the ``RewardRuntime`` (worker processes, per-item
+   timeouts; failed items get NaN and are excluded from advantages); while the workers score, the
+   device computes the no-grad scoring passes this batch needs (old log-probs for several updates
+   per batch, reference log-probs, Lp-Reg proxy log-probs): JAX dispatch is asynchronous, so the
+   two overlap;
+4. zero-variance groups (constant *outcome*, METHODS.md 2.11) are kept with A = 0 (``keep``),
+   masked out of the loss and its normalisers (``mask``), or dropped and refilled by generating
+   more prompts until P informative groups are found (``refill``, DAPO dynamic sampling, 6.1; after
+   ``rl.max_gen_batches`` rounds the batch is completed with masked zero-variance groups and
+   ``rollout/refill_short`` is logged);
+5. advantages from the configured estimator over the P kept groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import advantages as adv_lib
+from rlvr_jax import data as data_lib
+from rlvr_jax import regularizers, sampling
+from rlvr_jax.train import step as step_lib
+from rlvr_jax.train.config import ADVANTAGES
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+  """P groups x G rows, host (numpy) arrays, group ordered.
+
+  ``completion_mask`` already has masked (zero-variance / failed-only) groups removed.
+  ``scores`` holds [B, T] arrays from the no-grad passes (``old_logp``, ``ref_logp``,
+  ``proxy_logp``) when they were computed.
+  """
+
+  prompt_tokens: np.ndarray
+  prompt_mask: np.ndarray
+  tokens: np.ndarray
+  completion_mask: np.ndarray
+  sampler_logp: np.ndarray
+  lengths: np.ndarray
+  advantages: np.ndarray
+  rewards: np.ndarray
+  correct: np.ndarray
+  scores: dict
+  metrics: dict
+
+
+def zero_variance(outcomes: np.ndarray) -> np.ndarray:
+  """[P] bool: the finite outcomes of the group are all equal, or fewer than 2 are finite."""
+  finite = np.isfinite(outcomes)
+  hi = np.where(finite, outcomes, -np.inf).max(-1)
+  lo = np.where(finite, outcomes, np.inf).min(-1)
+  return (finite.sum(-1) < 2) | (hi == lo)
+
+
+def _left_pad(x: np.ndarray, width: int, value) -> np.ndarray:
+  if x.shape[1] == width:
+    return x
+  pad = np.full((x.shape[0], width - x.shape[1]), value, x.dtype)
+  return np.concatenate([pad, x], axis=1)
+
+
+class Collector:
+  """Builds rollout batches; see the module docstring."""
+
+  def __init__(self, *, config, model_config, tokenizer, reward_fn, runtime, source):
+    self.c, self.model_config, self.tokenizer = config, model_config, tokenizer
+    self.reward_fn, self.runtime, self.source = reward_fn, runtime, source
+    s = config.sampling
+    if s.top_k or s.top_p < 1.0:
+      self.strategy = sampling.Combined(
+        temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p if s.top_p < 1 else None
+      )
+    else:
+      self.strategy = sampling.Temperature(s.temperature)
+    self.pad_id = tokenizer.pad_id
+    self.score_fn = step_lib.make_score_fn(
+      model_config=model_config,
+      temperature=s.temperature,
+      chunk_size=config.rl.logprob_chunk,
+      num_microbatches=config.rl.num_microbatches,
+    )
+
+  # ------------------------------------------------------------------ pieces
+  def prompts(self, records):
+    d = self.c.data
+    texts = data_lib.format_prompts(
+      records, self.tokenizer, chat_template=d.chat_template, system_prompt=d.system_prompt
+    )
+    ids, mask = data_lib.encode_prompts(
+      texts, self.tokenizer, add_special_tokens=d.add_special_tokens, bucket=d.prompt_bucket
+    )
+    return texts, ids, mask
+
+  def sample(self, params, records, *, key, strategy=None, num_samples=None):
+    texts, ids, mask = self.prompts(records)
+    rollout = sampling.generate(
+      params,
+      ids,
+      mask,
+      config=self.model_config,
+      num_samples=num_samples or self.c.sampling.num_samples,
+      strategy=strategy or self.strategy,
+      key=key,
+      max_new_tokens=self.c.sampling.max_new_tokens,
+      stop_tokens=tuple(self.tokenizer.eos_ids),
+      prompt_ids=np.asarray([r.get("index", i) for i, r in enumerate(records)], np.int32),
+      pad_id=self.pad_id,
+      buckets=(ids.shape[1],),
+    )
+    return texts, rollout
+
+  def submit_rewards(self, texts, records, rollout, num_samples):
+    tokens = np.asarray(rollout.tokens)
+    cmask = np.asarray(rollout.completion_mask)
+    completions = self.tokenizer.decode_batch(tokens, cmask)
+    fields = {"answer": [r["answer"] for r in records for _ in range(num_samples)]}
+    for extra in ("numbers", "target"):
+      if extra in records[0]:
+        fields[extra] = [r[extra] for r in records for _ in range(num_samples)]
+    prompts = [t for t in texts for _ in range(num_samples)]
+    return completions, self.runtime.submit(
+      self.reward_fn,
+      prompts,
+      completions,
+      completion_lengths=cmask.sum(-1).tolist(),
+      group_size=num_samples,
+      **fields,
+    )
+
+  def _scores(self, params, ref_params, rollout, *, need_old: bool):
+    """Dispatches the no-grad passes (async); returns a dict of device [B_gen, T] arrays."""
+    out = {}
+    t = rollout.tokens.shape[1]
+    tokens, positions = step_lib.sequence_inputs(
+      rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens
+    )
+    if need_old:
+      out["old_logp"], _ = self.score_fn(params, tokens, positions, t)
+    if ref_params is not None:
+      out["ref_logp"], _ = self.score_fn(ref_params, tokens, positions, t)
+    if self.c.objective.name == "lp_reg":
+      out["proxy_logp"] = proxy_logp_fn(self.model_config)(params, tokens, positions, t)
+    return out
+
+  # ------------------------------------------------------------------ main entry
+  def collect(self, params, *, key, ref_params=None, need_old=False, adv_state=None):
+    """One rollout batch of P groups; returns (RolloutBatch, new advantage state)."""
+    c = self.c
+    P, G = c.rl.prompts_per_step, c.sampling.num_samples
+    refill = c.rl.zero_variance == "refill"
+    rounds = c.rl.max_gen_batches if refill else 1
+    groups, spare, metrics = [], [], {"time/sample": 0.0, "time/reward": 0.0}
+    reward_metrics = []
+    for n in range(rounds):
+      records = self.source.take(P)
+      t0 = time.perf_counter()
+      texts, rollout = self.sample(params, records, key=jax.random.fold_in(key, n))
+      jax.block_until_ready(rollout.tokens)
+      t1 = time.perf_counter()
+      metrics["time/sample"] += t1 - t0
+      _, future = self.submit_rewards(texts, records, rollout, G)
+      scores = self._scores(params, ref_params, rollout, need_old=need_old)  # overlaps rewards
+      result = future.result()
+      metrics["time/reward"] += time.perf_counter() - t1
+      reward_metrics.append(result.metrics)
+      host = jax.tree.map(np.asarray, rollout)
+      scores = {k: np.asarray(v) for k, v in scores.items()}
+      rewards = result.rewards.reshape(P, G)
+      correct = np.asarray(result.info.get("correct", result.rewards), np.float32).reshape(P, G)
+      zero_var = zero_variance(correct)
+      for p in range(P):
+        rows = slice(p * G, (p + 1) * G)
+        g = dict(
+          prompt_tokens=host.prompt_tokens[rows],
+          prompt_mask=host.prompt_mask[rows],
+          tokens=host.tokens[rows],
+          completion_mask=host.completion_mask[rows],
+          sampler_logp=host.sampler_logp[rows],
+          lengths=host.lengths[rows],
+          truncated=host.truncated[rows],
+          rewards=rewards[p],
+          correct=correct[p],
+          zero_var=bool(zero_var[p]),
+          scores={k: v[rows] for k, v in scores.items()},
+        )
+        (spare if (refill and g["zero_var"]) else groups).append(g)
+      if not refill or len(groups) >= P:
+        break
+    metrics["rollout/num_gen_batches"] = float(n + 1)
+    if refill:
+      metrics["rollout/kept_frac"] = len(groups) / float((n + 1) * P)
+      metrics["rollout/refill_short"] = float(max(P - len(groups), 0))
+      groups = (groups + spare)[:P]
+    return self._assemble(groups, metrics, reward_metrics, adv_state)
+
+  def _assemble(self, groups, metrics, reward_metrics, adv_state):
+    c = self.c
+    width = max(g["prompt_tokens"].shape[1] for g in groups)
+    cat = lambda k: np.concatenate([g[k] for g in groups], axis=0)
+    prompt_tokens = np.concatenate(
+      [_left_pad(g["prompt_tokens"], width, self.pad_id) for g in groups], axis=0
+    )
+    prompt_mask = np.concatenate([_left_pad(g["prompt_mask"], width, False) for g in groups], 0)
+    rewards = np.stack([g["rewards"] for g in groups])
+    correct = np.stack([g["correct"] for g in groups])
+    zero_var = np.array([g["zero_var"] for g in groups])
+    valid = np.isfinite(rewards)
+    adv, adv_state = self._advantages(rewards, valid, adv_state)
+    completion_mask = cat("completion_mask")
+    if c.rl.zero_variance in ("mask", "refill"):
+      row_keep = np.repeat(~zero_var, rewards.shape[1])
+      completion_mask = completion_mask & row_keep[:, None]
+    # Rows whose reward failed carry no signal (A = 0): drop them from the normalisers too.
+    completion_mask = completion_mask & valid.reshape(-1)[:, None]
+    lengths = cat("lengths")
+    finite_r = rewards[valid]
+    finite_c = correct[np.isfinite(correct)]
+    metrics.update(
+      {
+        "reward/mean": float(finite_r.mean()) if finite_r.size else float("nan"),
+        "accuracy/mean": float(finite_c.mean()) if finite_c.size else float("nan"),
+        "length/mean": float(lengths.mean()),
+        "length/max": float(lengths.max()),
+        "length/truncated_frac": float(cat("truncated").mean()),
+        "groups/zero_var_frac": float(zero_var.mean()),
+        "reward/fail_frac": float((~valid).mean()),
+        "advantage/abs_mean": float(np.abs(adv).mean()),
+      }
+    )
+    for key in ("reward/time_s", "reward/items_per_s"):
+      vals = [m[key] for m in reward_metrics if key in m]
+      if vals:
+        metrics[key] = float(np.mean(vals))
+    scores = {k: np.concatenate([g["scores"][k] for g in groups], 0) for k in groups[0]["scores"]}
+    batch = RolloutBatch(
+      prompt_tokens=prompt_tokens,
+      prompt_mask=prompt_mask,
+      tokens=cat("tokens"),
+      completion_mask=completion_mask,
+      sampler_logp=cat("sampler_logp"),
+      lengths=lengths,
+      advantages=adv.reshape(-1).astype(np.float32),
+      rewards=rewards,
+      correct=correct,
+      scores=scores,
+      metrics=metrics,
+    )
+    return batch, adv_state
+
+  def _advantages(self, rewards, valid, adv_state):
+    name = self.c.rl.advantage
+    if name == "riskpo":
+      adv, new_state = _riskpo(
+        jnp.asarray(rewards), adv_state, jnp.asarray(valid), self.c.rl.riskpo_bundle_size
+      )
+      return np.asarray(adv), new_state
+    return np.asarray(
+      _advantage_fn(name)(jnp.asarray(rewards), valid=jnp.asarray(valid))
+    ), adv_state
+
+
+_ADV_JIT = {}
+
+
+def _advantage_fn(name):
+  if name not in _ADV_JIT:
+    _ADV_JIT[name] = jax.jit(ADVANTAGES[name])
+  return _ADV_JIT[name]
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _riskpo(rewards, state, valid, bundle_size):
+  return adv_lib.riskpo_advantages(rewards, state, valid=valid, bundle_size=bundle_size)
+
+
+_PROXY_JIT = {}
+
+
+def proxy_logp_fn(model_config, min_p: float = 0.02):
+  """Jitted Lp-Reg proxy log-probs [B, T] of the min-p filtered policy at temperature 1."""
+  key = (model_config, min_p)
+  if key not in _PROXY_JIT:
+    from rlvr_jax import model
+
+    def fn(params, tokens, positions, num_completion):
+      s = tokens.shape[1]
+      logits, _ = model.forward(params, tokens, positions, config=model_config, return_logits=True)
+      logits = logits[:, s - num_completion - 1 : s - 1]
+      return regularizers.min_p_proxy_logp(logits, tokens[:, s - num_completion :], min_p=min_p)
+
+    _PROXY_JIT[key] = jax.jit(fn, static_argnums=(3,))
+  return _PROXY_JIT[key]

@@ -1,0 +1,75 @@
+"""The train state and the step batch, as frozen pytree dataclasses.
+
+``TrainState`` holds everything that changes across RL steps and must survive a restart: params,
+optimiser state, the RL step counter, the run's PRNG key, and ``extra`` (a dict of arrays for
+stateful estimators, e.g. RiskPO quantile trackers or an adaptive entropy coefficient). All of it
+goes into the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rlvr_jax.types import pytree_dataclass
+
+
+@pytree_dataclass
+class TrainState:
+  """Attributes:
+  step: int32 [] number of RL steps (rollout batches) done.
+  params: model params pytree.
+  opt_state: optax state.
+  key: typed PRNG key of the run (sampling keys are ``fold_in(key, step)``).
+  num_skipped: int32 [] optimiser updates skipped because the loss or gradients were non-finite.
+  extra: dict of arrays carried across steps by stateful estimators (may be empty).
+  """
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  key: jax.Array
+  num_skipped: jax.Array
+  extra: Any
+
+  def replace(self, **changes) -> TrainState:
+    return dataclasses.replace(self, **changes)
+
+
+def init_state(params, optimizer, key, extra=None) -> TrainState:
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    key=key,
+    num_skipped=jnp.zeros((), jnp.int32),
+    extra={} if extra is None else extra,
+  )
+
+
+@pytree_dataclass
+class TrainBatch:
+  """One step batch (all micro-batches of one optimiser update), B rows.
+
+  Attributes:
+    tokens: [B, S] int32 prompt (left-padded, S_prompt wide) followed by the completion (T wide).
+    positions: [B, S] int32 token positions; -1 on prompt padding.
+    completion_mask: [B, T] bool loss mask.
+    advantages: [B, T] float32.
+    old_logp: [B, T] float32 proximal-policy log-probs (ignored when the step is on-policy).
+    sampler_logp: [B, T] float32 sampler log-probs of the completion tokens.
+    ref_logp: [B, T] float32 reference log-probs, or None.
+    extras: dict of extra [B, T] per-token inputs objectives ask for by keyword (e.g. proxy_logp).
+  """
+
+  tokens: jax.Array
+  positions: jax.Array
+  completion_mask: jax.Array
+  advantages: jax.Array
+  old_logp: jax.Array
+  sampler_logp: jax.Array
+  ref_logp: Any
+  extras: Any
