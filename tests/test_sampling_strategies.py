@@ -131,6 +131,7 @@ def chi_square_pvalue(counts, probs, min_expected=5.0):
   exp = np.append(expected[expected >= min_expected], expected[small].sum())
   if exp[-1] == 0:
     obs, exp = obs[:-1], exp[:-1]
+  exp = exp * (obs.sum() / exp.sum())  # float64 rounding: scipy wants equal sums to ~1e-8
   return scipy.stats.chisquare(obs, exp).pvalue
 
 

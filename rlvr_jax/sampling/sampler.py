@@ -12,9 +12,10 @@ forward pass to float tolerance (see ``rlvr_jax.sampling.parity``). Randomness c
 ``keys.row_keys`` (per prompt id and sample id) folded with the completion position, so samples do
 not depend on batch size or device layout.
 
-Under a mesh (``jax.set_mesh``) the rows (and the KV cache) are sharded over the data axes; the
-parameters keep the sharding they arrive with (place them with the sampling rules of
-``rlvr_jax.sharding`` before calling).
+Under a mesh (``jax.set_mesh``) the rows (and the KV cache) are sharded by the ``batch`` rule of
+``rlvr_jax.sharding.SAMPLE_RULES`` (data x fsdp axes); the parameters keep the sharding they arrive
+with: place them with ``model.param_shardings(config, mesh, sharding.SAMPLE_RULES)`` (weights split
+over ``tensor`` only, so the decode loop does no per-step all-gather).
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
 
+from rlvr_jax import sharding as sharding_lib
 from rlvr_jax.model import KVCache, ModelConfig, forward, init_cache, logits_from_hidden
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling.strategies import Strategy
 from rlvr_jax.types import Rollout
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-DATA_AXES = ("data", "fsdp")  # mesh axes that shard the batch, when present in the mesh
 
 
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
@@ -51,15 +51,15 @@ def prompt_positions(mask: jax.Array) -> jax.Array:
 
 
 def _constrain_rows(x: jax.Array) -> jax.Array:
-  """Shards axis 0 (rows) over the data axes of the current mesh, if any divides it."""
+  """Shards axis 0 (rows) by the ``batch`` rule of ``SAMPLE_RULES`` over the current mesh, if any.
+
+  Mesh axes that do not divide the rows are dropped (``sharding.logical_to_spec``).
+  """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return x
-  axes = tuple(a for a in DATA_AXES if a in mesh.axis_names)
-  size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-  if not axes or x.shape[0] % size:
-    return x
-  spec = PartitionSpec(axes if len(axes) > 1 else axes[0], *([None] * (x.ndim - 1)))
+  axes = ("batch",) + (None,) * (x.ndim - 1)
+  spec = sharding_lib.logical_to_spec(axes, sharding_lib.SAMPLE_RULES, shape=x.shape, mesh=mesh)
   return jax.lax.with_sharding_constraint(x, spec)
 
 
@@ -128,12 +128,12 @@ def _generate(
   prompt_mask,
   prompt_ids,
   key,
+  stop_tokens,
   *,
   config: ModelConfig,
   strategy: Strategy,
   num_samples: int,
   max_new_tokens: int,
-  stop_tokens: tuple[int, ...],
   pad_id: int,
 ) -> Rollout:
   P, S = prompt_tokens.shape
@@ -144,7 +144,6 @@ def _generate(
   row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
   sample_ids = _constrain_rows(jnp.tile(jnp.arange(G, dtype=jnp.int32), P))
   row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
-  stops = jnp.asarray(stop_tokens, jnp.int32)
 
   logits, cache, start = _prefill(params, tokens0, mask0, config=config, cache_len=S + T)
 
@@ -160,7 +159,7 @@ def _generate(
       "mask": alive,
     }
     buf = {k: jax.lax.dynamic_update_index_in_dim(buf[k], columns[k], t, axis=1) for k in buf}
-    done = done | (alive & jnp.isin(tok, stops))
+    done = done | (alive & jnp.any(tok[:, None] == stop_tokens[None, :], axis=1))
     return dict(state, buf=buf, done=done, last=tok, t=t + 1)
 
   buf = {
@@ -208,7 +207,6 @@ generate_jit = jax.jit(
     "strategy",
     "num_samples",
     "max_new_tokens",
-    "stop_tokens",
     "pad_id",
   ),
 )
@@ -282,9 +280,21 @@ def generate(
     )
   if not jnp.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
     raise TypeError("key must be a typed PRNG key from jax.random.key(...)")
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and jax.sharding.AxisType.Explicit in mesh.axis_types:
+    raise ValueError(
+      f"generate needs a mesh with Auto axis types (rlvr_jax.sharding.make_mesh builds one); the "
+      f"current mesh has axis types {mesh.axis_types}"
+    )
   if pad_id is None:
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-  stops = tuple(int(s) for s in (config.eos_token_ids if stop_tokens is None else stop_tokens))
+  stops = np.asarray(config.eos_token_ids if stop_tokens is None else stop_tokens, np.int32)
+  if stops.ndim != 1 or (stops < 0).any():
+    raise ValueError(f"stop_tokens must be a flat sequence of ids >= 0, got {stops.tolist()}")
+  # A traced array padded with -1 (matches no token) to a multiple of 8: new stop sets reuse the
+  # compiled program.
+  width = max(8, -(-len(stops) // 8) * 8)
+  stops = np.pad(stops, (0, width - len(stops)), constant_values=-1)
   tokens, mask = pad_to_bucket(prompt_tokens, prompt_mask, pad_id=pad_id, buckets=buckets)
   P = tokens.shape[0]
   if prompt_ids is None:
@@ -298,10 +308,10 @@ def generate(
     mask,
     prompt_ids,
     key,
+    stops,
     config=config,
     strategy=strategy,
     num_samples=num_samples,
     max_new_tokens=max_new_tokens,
-    stop_tokens=stops,
     pad_id=int(pad_id),
   )
