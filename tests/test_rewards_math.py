@@ -139,6 +139,7 @@ def test_math_reward_values_and_outcome():
   np.testing.assert_array_equal(out.rewards, [1, -1, -1, -1])
   np.testing.assert_array_equal(out.info["correct"], [1, 0, 0, 0])
   np.testing.assert_array_equal(out.info["has_answer"], [1, 1, 0, 0])
+  assert list(out.info["extracted_answer"]) == ["4", "5", None, None]
   default = MathReward(no_answer_value=-0.5)
   np.testing.assert_array_equal(default(["q"] * 4, completions, answer=answers), [1, 0, -0.5, 1])
   with pytest.raises(ValueError, match="answer="):
@@ -153,3 +154,9 @@ def test_in_worker_style_timeout_raises_item_timeout():
 
   with pytest.raises(ItemTimeout):
     math_equal(r"(x+1)^{100000}", "1", timeout_s=0.3)
+  # In-process evaluation turns the item's own timeout into NaN, never into "wrong".
+  out = MathReward(verify_timeout_s=0.3).evaluate(
+    ["q", "q"], [r"\boxed{(x+1)^{100000}}", r"\boxed{1}"], answer=["1", "1"]
+  )
+  assert np.isnan(out.rewards[0]) and out.rewards[1] == 1.0
+  assert np.isnan(out.info["correct"][0])

@@ -73,6 +73,9 @@ def test_laser_d_bucket_and_target_golden():
   assert targets == (5120, 16384, 16384)  # medium and hard have no responses -> L_max
   buckets = length.laser_d_buckets(np.array([1, 1, 1, 0, 1, 0, 0, 0, 0]), group_size=3)
   np.testing.assert_array_equal(buckets, [0, 0, 0, 1, 1, 1, 2, 2, 2])
+  # Failed rows (NaN) are excluded from the group accuracy: 1 of 2 valid -> medium.
+  with_nan = length.laser_d_buckets(np.array([1, 0, np.nan]), group_size=3)
+  np.testing.assert_array_equal(with_nan, [1, 1, 1])
 
 
 def test_laser_d_reward_uses_bucket_targets():

@@ -41,12 +41,13 @@ from rlvr_jax.rewards.math_reward import (
 from rlvr_jax.rewards.protocol import (
   FunctionReward,
   ItemReward,
+  ItemTimeout,
   RewardFn,
   RewardOutput,
   as_item_reward,
   pad_token_rewards,
 )
-from rlvr_jax.rewards.runtime import ItemTimeout, RewardFailure, RewardResult, RewardRuntime
+from rlvr_jax.rewards.runtime import RewardFailure, RewardResult, RewardRuntime
 from rlvr_jax.rewards.tasks import (
   ArithmeticReward,
   CountdownReward,

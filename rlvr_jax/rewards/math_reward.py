@@ -11,7 +11,7 @@ Equivalence ladder, first success wins:
      without going further;
   3. symbolic and structured (sets, intervals, tuples, matrices) through ``math-verify``, with its
      own signal-based timeouts disabled and ours put in their place: a SIGALRM that raises
-     :class:`~rlvr_jax.rewards.runtime.ItemTimeout` (a BaseException, so math-verify's blanket
+     :class:`~rlvr_jax.rewards.protocol.ItemTimeout` (a BaseException, so math-verify's blanket
      ``except Exception`` cannot turn it into a silent "wrong"). It only works on a main thread, so
      it is applied there (inside runtime workers) and skipped elsewhere; the runtime's per-item
      wall-clock timeout is the backstop that also covers hangs inside C code.
@@ -28,8 +28,10 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 from rlvr_jax.rewards import protocol
-from rlvr_jax.rewards.runtime import ItemTimeout
+from rlvr_jax.rewards.protocol import ItemTimeout
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -260,12 +262,19 @@ class MathReward(protocol.ItemReward):
       reward = self.wrong_value if self.no_answer_value is None else self.no_answer_value
     else:
       reward = self.wrong_value
-    return {"reward": reward, "correct": float(correct), "has_answer": float(pred is not None)}
+    return {
+      "reward": reward,
+      "correct": float(correct),
+      "has_answer": float(pred is not None),
+      "extracted_answer": None if pred is None else pred[:200],
+    }
 
   def combine(self, scores, **fields: Any) -> protocol.RewardOutput:
+    extracted = np.array([None if s is None else s["extracted_answer"] for s in scores], object)
     info = {
       "correct": protocol.scores_column(scores, "correct"),
       "has_answer": protocol.scores_column(scores, "has_answer"),
+      "extracted_answer": extracted,
     }
     return protocol.RewardOutput(rewards=protocol.scores_column(scores, "reward"), info=info)
 

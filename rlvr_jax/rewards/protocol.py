@@ -31,6 +31,14 @@ import numpy as np
 RESERVED_FIELDS = ("completion_lengths", "group_size")
 
 
+class ItemTimeout(BaseException):  # noqa: N818
+  """Raised by reward code whose own (in-worker) timeout fired; recorded with cause "timeout".
+
+  A BaseException so that libraries' blanket ``except Exception`` (math-verify has them) cannot
+  turn a timeout into a silent "wrong answer".
+  """
+
+
 class RewardFn(Protocol):
   """Structural type of a reward function (see module docstring)."""
 
@@ -135,11 +143,18 @@ class ItemReward:
     return RewardOutput(rewards=scores_column(scores, "reward"), info=info)
 
   def evaluate(self, prompts: Sequence[str], completions: Sequence[str], **fields: Any):
-    """In-process evaluation (no isolation, no timeouts): returns a :class:`RewardOutput`."""
+    """In-process evaluation, without process isolation: returns a :class:`RewardOutput`.
+
+    Only the reward's own timeouts apply (an item whose ``ItemTimeout`` fires gets NaN); exceptions
+    propagate. Use :class:`~rlvr_jax.rewards.runtime.RewardRuntime` for untrusted inputs.
+    """
     num_rows, _ = check_batch(prompts, completions, fields)
-    scores = [
-      self.score_item(prompts[b], completions[b], **row_fields(fields, b)) for b in range(num_rows)
-    ]
+    scores = []
+    for b in range(num_rows):
+      try:
+        scores.append(self.score_item(prompts[b], completions[b], **row_fields(fields, b)))
+      except ItemTimeout:
+        scores.append(None)
     return self.combine(scores, **fields)
 
   def __call__(self, prompts: Sequence[str], completions: Sequence[str], **fields: Any):

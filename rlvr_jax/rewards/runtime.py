@@ -37,16 +37,9 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.rewards import protocol
+from rlvr_jax.rewards.protocol import ItemTimeout
 
 CAUSES = ("timeout", "crash", "exception", "memory")
-
-
-class ItemTimeout(BaseException):  # noqa: N818
-  """Raised by reward code whose own (in-worker) timeout fired; recorded with cause "timeout".
-
-  A BaseException so that libraries' blanket ``except Exception`` (math-verify has them) cannot
-  turn a timeout into a silent "wrong answer".
-  """
 
 
 @dataclasses.dataclass(frozen=True)
