@@ -159,3 +159,33 @@ def test_code_reward_verpo_in_runtime_with_adversarial_programs():
     np.testing.assert_allclose(result.rewards, expected, atol=1e-6)
     again = runtime.run(rewards.CodeReward(limits=FAST), ["q"], completions[:1], tests=[tests])
     np.testing.assert_array_equal(again.rewards, [1.0])
+
+
+def test_adversarial_programs_through_the_pool_then_pool_still_works(tmp_path):
+  secret = tmp_path / "secret.txt"
+  secret.write_text("TOKEN")
+  os.chmod(secret, 0o600)
+  tests = ["assert ok() == 1"]
+  programs = [
+    "def ok():\n  while True:\n    pass\n",  # infinite loop inside the test
+    "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n",
+    "import sys\nfor _ in range(1600):\n  sys.stdout.write('x' * 65536)\n",  # 100 MB
+    "block = bytearray(10 * 2**30)\n",
+    "import ctypes\nctypes.string_at(0)\n",
+    f"data = open({str(secret)!r}).read()\ndef ok():\n  return 1\n",
+    "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)\ndef ok():\n  return 1\n",
+    "def ok():\n  return 1\n",
+  ]
+  reward = rewards.CodeReward(limits=SandboxLimits(timeout_s=2.0, cpu_s=2), per_test_s=1.0)
+  start = time.monotonic()
+  with rewards.RewardRuntime(num_workers=2, timeout_s=6.0) as runtime:
+    result = runtime.run(reward, ["q"] * 8, programs, tests=[tests] * 8)
+    assert time.monotonic() - start < 20
+    assert not result.failures  # contained by the sandbox: no worker died or hung
+    again = runtime.run(reward, ["q"], programs[-1:], tests=[tests])
+  np.testing.assert_array_equal(again.rewards, [1.0])
+  np.testing.assert_array_equal(result.rewards[[0, 1, 2, 3, 4, 7]], [0, 0, 0, 0, 0, 1])
+  if CAPS["drop_user"]:
+    assert result.rewards[5] == 0  # the owner-only file was unreadable
+  if CAPS["net_namespace"]:
+    assert result.rewards[6] == 0  # no network
