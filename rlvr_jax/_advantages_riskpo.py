@@ -162,7 +162,9 @@ def riskpo_advantages(
   A (R_b - mean_q) / Σ_paper (R - mean), or A / B_q if that sum is below 1e-6.
   Quantiles: ``batch`` per bundle (numpy "linear"), ``track`` from ``state`` read at the nearest
   grid level (batch values until the tracker is set), ``mix`` their average. With the natural
-  baseline every paper has A <= 0: only the lower tail is pushed down.
+  baseline every paper has A <= 0: only the lower tail is pushed down. Permuting the questions of
+  a bundle permutes the advantages; permuting samples within a group does NOT (papers pair
+  responses by rollout index), so keep the sampler's order.
 
   Args:
     rewards: [P, G] rewards (NaN = failed), P a multiple of ``bundle_size``.

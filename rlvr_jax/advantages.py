@@ -28,6 +28,7 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``copo_advantages``, ``canon_advantages``;
 * token level ``-> [B, T]``: ``reinforce_plus_plus_advantages``,
   ``reinforce_plus_plus_baseline_advantages``, ``gae_advantages``;
+* ``SEQUENCE_ESTIMATORS``: name -> function for the estimators that need only the rewards;
 * helpers: ``to_tokens`` ([P, G] -> [B, T] times the mask), ``to_groups``, ``valid_mask``,
   ``masked_whiten``, ``discounted_returns``, ``zero_variance_groups``, ``handle_zero_variance``,
   ``gradient_group_fraction``, ``zero_variance_metrics``, ``pass_at_k`` (metric).
@@ -75,7 +76,21 @@ from rlvr_jax._advantages_token import (
   reinforce_plus_plus_baseline_advantages,
 )
 
+# The one explicit name -> function map for configs, for the estimators that need nothing but the
+# rewards: each is called as ``fn(rewards [P, G], *, valid=None, **hyperparameters) -> [P, G]``.
+# Keys follow verl's ``adv_estimator`` names where verl has the method.
+SEQUENCE_ESTIMATORS = {
+  "grpo": grpo_advantages,
+  "dr_grpo": dr_grpo_advantages,
+  "lite_ppo": lite_ppo_advantages,
+  "rloo": rloo_advantages,
+  "passk_training": passk_training_advantages,
+  "pkpo": pkpo_advantages,
+  "grpo_passk": max_at_g_advantages,
+}
+
 __all__ = [
+  "SEQUENCE_ESTIMATORS",
   "DEFAULT_LEVELS",
   "CopoAdvantages",
   "RiskPOState",

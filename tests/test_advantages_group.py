@@ -356,3 +356,18 @@ def test_bad_inputs_name_shapes():
     adv.handle_zero_variance(r, jnp.zeros(3, bool))
   with pytest.raises(ValueError, match=r"\(8,\)"):  # raised at trace time, under jit too
     jax.jit(adv.dr_grpo_advantages)(jnp.zeros(8))
+
+
+def test_sequence_estimators_map_uniform_convention():
+  """Every entry takes (rewards [P, G], *, valid=) and equals the named function."""
+  r = jnp.asarray(_rewards(11))
+  valid = jnp.asarray(np.random.default_rng(11).random(r.shape) > 0.2)
+  assert adv.SEQUENCE_ESTIMATORS["grpo"] is adv.grpo_advantages
+  assert adv.SEQUENCE_ESTIMATORS["grpo_passk"] is adv.max_at_g_advantages
+  for name, fn in adv.SEQUENCE_ESTIMATORS.items():
+    kw = {"k": 2} if name in ("passk_training", "pkpo") else {}
+    out = np.asarray(jit(fn, **kw)(r, valid=valid))
+    assert out.shape == r.shape and np.isfinite(out).all(), name
+    dropped = ~np.asarray(valid) | ~np.isfinite(np.asarray(r))
+    np.testing.assert_array_equal(out[dropped], 0.0, err_msg=name)
+    assert np.abs(out).max() > 0, name
