@@ -49,6 +49,26 @@ def test_cosine_reward_dense_repetition_token_rewards():
   assert padded.shape == (2, 8) and padded[:, 5:].sum() == 0
 
 
+def test_cosine_sequence_repetition_penalty_wrong_answers_only():
+  assert length.word_ngram_repetition("a b a b a b", ngram=2) == pytest.approx(1 - 2 / 5)
+  assert length.word_ngram_repetition("one two", ngram=3) == 0.0
+  reward = rewards.CosineReward(
+    max_len=1000, sequence_repetition_penalty=-1.0, sequence_repetition_ngram=2
+  )
+  text = "a b a b a b "
+  out = reward(
+    ["q"] * 2,
+    [text + r"\boxed{1}", text + r"\boxed{2}"],
+    answer=["1", "1"],
+    completion_lengths=[0, 0],
+  )
+  # n = 0: correct -> 2, unpenalised. Wrong -> -10 + P * repetition; the words
+  # a b a b a b \boxed{2} have 6 bigrams of which 3 are distinct: repetition 0.5.
+  np.testing.assert_allclose(out, [2.0, -10.5], atol=1e-6)
+  with pytest.raises(ValueError, match="<= 0"):
+    rewards.CosineReward(sequence_repetition_penalty=0.5)
+
+
 def test_laser_golden():
   correct = np.array([1, 1, 0, 0])
   boxed = np.array([1, 1, 1, 0])

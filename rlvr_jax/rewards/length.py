@@ -83,6 +83,13 @@ def repeated_ngram_token_penalty(
   return out
 
 
+def word_ngram_repetition(text: str, *, ngram: int = 3) -> float:
+  """1 - #unique / #total over the word n-grams of the lower-cased text (0 if there are none)."""
+  words = text.lower().split()
+  grams = [tuple(words[i : i + ngram]) for i in range(len(words) - ngram + 1)]
+  return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
 def laser_reward(
   correct: np.ndarray,
   has_answer: np.ndarray,
@@ -189,8 +196,11 @@ class OverlongReward(protocol.ItemReward):
 
 @dataclasses.dataclass(frozen=True)
 class CosineReward(protocol.ItemReward):
-  """Cosine length-scaled correctness reward; optional dense repetition penalty as per-token
-  rewards when the per-row field ``completion_token_ids`` is given and ``repetition_ngram`` > 0."""
+  """Cosine length-scaled correctness reward, with two optional repetition penalties:
+  dense (per-token rewards, -0.05 on tokens inside a repeated ``repetition_ngram``-gram of token
+  ids; needs the per-row field ``completion_token_ids``) and sequence-level
+  (``sequence_repetition_penalty`` P <= 0 times the repeated fraction of word n-grams, wrong
+  answers only)."""
 
   correctness: protocol.ItemReward = dataclasses.field(default_factory=MathReward)
   max_len: int = 14336
@@ -201,10 +211,20 @@ class CosineReward(protocol.ItemReward):
   exceed_value: float = -10.0
   repetition_ngram: int = 0
   repetition_penalty: float = -0.05
+  sequence_repetition_penalty: float = 0.0
+  sequence_repetition_ngram: int = 3
   name: str = "cosine"
 
+  def __post_init__(self):
+    if self.sequence_repetition_penalty > 0 or self.repetition_penalty > 0:
+      raise ValueError("repetition penalties must be <= 0")
+
   def score_item(self, prompt: str, completion: str, **row: Any) -> dict:
-    return self.correctness.score_item(prompt, completion, **row)
+    score = dict(self.correctness.score_item(prompt, completion, **row))
+    if self.sequence_repetition_penalty:
+      text = completion.decode("utf-8", "replace") if isinstance(completion, bytes) else completion
+      score["repetition"] = word_ngram_repetition(text, ngram=self.sequence_repetition_ngram)
+    return score
 
   def combine(self, scores, **fields: Any) -> protocol.RewardOutput:
     lengths = protocol.token_lengths(fields, len(scores), "CosineReward")
@@ -219,6 +239,12 @@ class CosineReward(protocol.ItemReward):
       wrong_long=self.wrong_long,
       exceed_value=self.exceed_value,
     )
+    if self.sequence_repetition_penalty:
+      # Sequence version: R += P * (1 - #unique / #total word n-grams), wrong answers only.
+      repetition = protocol.scores_column(scores, "repetition", default=0.0)
+      wrong = correct < 0.5
+      rewards = np.where(wrong, rewards + self.sequence_repetition_penalty * repetition, rewards)
+      rewards = rewards.astype(np.float32)
     token_rewards = None
     token_ids = fields.get("completion_token_ids")
     if self.repetition_ngram > 0 and token_ids is not None:
