@@ -30,6 +30,7 @@ from rlvr_jax.rewards.length import (
   laser_reward,
   overlong_penalty,
   repeated_ngram_token_penalty,
+  word_ngram_repetition,
 )
 from rlvr_jax.rewards.math_reward import (
   MathReward,
@@ -97,4 +98,5 @@ __all__ = [
   "run_tests",
   "sandbox_capabilities",
   "verpo_rewards",
+  "word_ngram_repetition",
 ]
