@@ -145,7 +145,7 @@ def masked_whiten(
   values: jax.Array,
   mask: jax.Array,
   *,
-  ddof: int = 1,
+  std_ddof: int = 1,
   epsilon: float = 1e-8,
   axis_name: str | None = None,
 ) -> jax.Array:
@@ -157,7 +157,7 @@ def masked_whiten(
   Args:
     values: [B, T] (any shape) float values.
     mask: bool mask of the same shape.
-    ddof: degrees of freedom of the variance (1 = unbiased, as verl).
+    std_ddof: degrees of freedom of the variance (1 = unbiased, as verl).
     epsilon: added to the variance (paper/verl: 1e-8).
     axis_name: mesh axis to reduce over inside ``shard_map``.
 
@@ -167,7 +167,7 @@ def masked_whiten(
   check_same_shape(("values", "mask"), (values, mask))
   mask = mask.astype(bool)
   values = jnp.where(mask, values, 0.0).astype(jnp.float32)
-  mean, std, _ = batch_mean_std(values, mask, ddof=ddof, axis_name=axis_name)
+  mean, std, _ = batch_mean_std(values, mask, ddof=std_ddof, axis_name=axis_name)
   out = (values - mean) * jax.lax.rsqrt(jnp.square(std) + epsilon)
   return jnp.where(mask, out, 0.0)
 

@@ -51,6 +51,8 @@ def group_normalized_advantages(
   / no division. With ``mean_scope="group"`` a group whose valid rewards are all equal (or that has
   fewer than 2 valid samples) gets exactly A = 0, not round-off over epsilon.
 
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
+
   Args:
     rewards: [P, G] float32 rewards, NaN where the reward computation failed.
     valid: optional [P, G] bool; False samples are excluded like NaN ones.
@@ -94,6 +96,7 @@ def grpo_advantages(
 
   Zero-variance and single-valid-sample groups get A = 0 (verl gives A = R for G = 1).
   Shapes: rewards, valid [P, G] -> [P, G] float32. verl ``grpo``; TRL ``scale_rewards="group"``.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   return group_normalized_advantages(
     rewards, valid=valid, mean_scope="group", std_scope="group", std_ddof=std_ddof,
@@ -109,6 +112,7 @@ def dr_grpo_advantages(rewards: jax.Array, *, valid: jax.Array | None = None) ->
   Pair it with ``seq_mean_token_sum_norm`` aggregation and a constant C = L_max; either half
   without the other is a different method. Shapes: [P, G] -> [P, G] float32.
   verl ``grpo`` + ``norm_adv_by_std_in_grpo=False``; TRL ``scale_rewards="none"``.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   return group_normalized_advantages(rewards, valid=valid, mean_scope="group", std_scope="none")
 
@@ -128,6 +132,7 @@ def lite_ppo_advantages(
   std_rollout is the ddof = 1 std over all valid raw rewards passed in, so pass the whole rollout
   batch (or shards with ``axis_name`` inside ``shard_map``). Shapes: [P, G] -> [P, G] float32.
   TRL ``scale_rewards="batch"``; ROLL ``reward_norm`` with mean group / std batch.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   return group_normalized_advantages(
     rewards, valid=valid, mean_scope="group", std_scope="rollout", std_ddof=std_ddof,
@@ -142,6 +147,7 @@ def rloo_advantages(rewards: jax.Array, *, valid: jax.Array | None = None) -> ja
 
   n = number of valid samples of the group; groups with n < 2 get A = 0 (verl: A = R for G = 1).
   Unbiased, no std. Shapes: [P, G] -> [P, G] float32. verl ``rloo``; TRL ``RLOOTrainer``.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   rewards, mask = common.prepare(rewards, valid)
   mean, _, count = common.group_mean_std(rewards, mask, ddof=0)
@@ -158,6 +164,7 @@ def remax_advantages(
 
   Works with G = 1. A NaN greedy reward invalidates the whole group (A = 0).
   Shapes: rewards [P, G], greedy_rewards [P] -> [P, G] float32. verl ``remax``.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   common.check_rank("rewards", rewards, 2, "P, G")
   common.check_rank("greedy_rewards", greedy_rewards, 1, "P")
@@ -192,6 +199,8 @@ def canon_advantages(
 
   The first term compares with the other half (inter), the second within the half (intra).
   Groups with fewer than 2 valid samples get A = 0. Use with ``seq_mean_token_sum``.
+
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
 
   Args:
     rewards: [P, G] rewards (NaN = failed).
@@ -261,6 +270,8 @@ def copo_advantages(
   integer ids: the host canonicalises extracted answers and maps them to ids per group (decide
   there whether "1/2" equals "0.5", and how to encode "no answer"). Prompts without valid samples
   do not enter the global statistics.
+
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
 
   Args:
     rewards: [P, G] rewards (NaN = failed).

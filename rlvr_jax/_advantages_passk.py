@@ -46,6 +46,8 @@ def passk_training_advantages(
 
   k = 1 is GRPO with the population std. Groups with n < k get A = 0.
 
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
+
   Args:
     rewards: [P, G] binary rewards (NaN = failed); correct means reward > success_threshold.
     k: subset size (static int, 1 <= k <= G).
@@ -80,6 +82,7 @@ def pkpo_rewards(rewards: jax.Array, *, k: int, valid: jax.Array | None = None) 
 
   Binary rewards: s = k/n if correct, (k/n)(1 - C(n-1-c,k-1)/C(n-1,k-1)) otherwise.
   Groups with n < k get s = 0. Shapes: [P, G] -> [P, G] float32.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   rewards, mask = common.prepare(rewards, valid)
   _check_k(k, rewards.shape[1])
@@ -110,6 +113,7 @@ def pkpo_advantages(rewards: jax.Array, *, k: int, valid: jax.Array | None = Non
     A = n/(n-1) (s - mean_g s)
 
   Shapes: [P, G] -> [P, G] float32. Groups with n < max(k, 2) get A = 0.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   s = pkpo_rewards(rewards, k=k, valid=valid)
   mask = common.valid_mask(rewards, valid)
@@ -131,6 +135,7 @@ def max_at_g_advantages(
   The best response is the first valid argmax; ties give 0. This is a max@G estimator, NOT an
   unbiased pass@k for k < G. Groups with fewer than 2 valid samples get 0.
   Shapes: [P, G] -> [P, G] float32.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   rewards, mask = common.prepare(rewards, valid)
   _, std, count = common.group_mean_std(rewards, mask, ddof=std_ddof)

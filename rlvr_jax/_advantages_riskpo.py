@@ -166,6 +166,8 @@ def riskpo_advantages(
   a bundle permutes the advantages; permuting samples within a group does NOT (papers pair
   responses by rollout index), so keep the sampler's order.
 
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
+
   Args:
     rewards: [P, G] rewards (NaN = failed), P a multiple of ``bundle_size``.
     state: the tracker from the previous step (``riskpo_init()`` at the start); may be None for

@@ -86,7 +86,7 @@ def reinforce_plus_plus_advantages(
   kl_coef: float = 0.0,
   gamma: float = 1.0,
   whiten: bool = True,
-  ddof: int = 1,
+  std_ddof: int = 1,
   epsilon: float = 1e-8,
   axis_name: str | None = None,
 ) -> jax.Array:
@@ -94,7 +94,7 @@ def reinforce_plus_plus_advantages(
 
     u_{b,t} = R_b 𝟙[t = last valid] - β (old_logp - ref_logp)_{b,t}
     Ret_{b,t} = Σ_{t' >= t} γ^{t'-t} u_{b,t'}
-    A = (Ret - μ̂) / sqrt(v̂ + 1e-8),   μ̂, v̂ = token-weighted mean / (ddof) variance over all
+    A = (Ret - μ̂) / sqrt(v̂ + 1e-8),   μ̂, v̂ = token-weighted mean / (std_ddof) variance over all
                                         valid tokens of the rollout batch.
 
   The k1 KL belongs in the reward (it is a sample of the KL, not a loss). The whitening is
@@ -102,13 +102,15 @@ def reinforce_plus_plus_advantages(
   from the statistics and get A = 0. Pass the whole rollout batch (or its shards inside
   ``shard_map`` with ``axis_name``).
 
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
+
   Args:
     rewards: [P, G] sequence rewards (NaN = failed).
     completion_mask: [B, T] bool, B = P * G.
     valid: optional [P, G] bool.
     old_logp, ref_logp: [B, T] float32; both needed when the KL penalty is used (ref_logp given).
     kl_coef: β.  gamma: γ.  whiten: apply the batch whitening (verl: always).
-    ddof, epsilon: of the whitening variance.  axis_name: mesh axis inside ``shard_map``.
+    std_ddof, epsilon: of the whitening variance.  axis_name: mesh axis inside ``shard_map``.
 
   Returns:
     [B, T] float32 advantages, 0 on masked tokens and invalid rows.
@@ -123,7 +125,9 @@ def reinforce_plus_plus_advantages(
   returns = discounted_returns(token_rewards, mask, gamma=gamma)
   if not whiten:
     return returns
-  return common.masked_whiten(returns, mask, ddof=ddof, epsilon=epsilon, axis_name=axis_name)
+  return common.masked_whiten(
+    returns, mask, std_ddof=std_ddof, epsilon=epsilon, axis_name=axis_name
+  )
 
 
 def reinforce_plus_plus_baseline_advantages(
@@ -131,7 +135,7 @@ def reinforce_plus_plus_baseline_advantages(
   completion_mask: jax.Array,
   *,
   valid: jax.Array | None = None,
-  ddof: int = 1,
+  std_ddof: int = 1,
   epsilon: float = 1e-8,
   axis_name: str | None = None,
 ) -> jax.Array:
@@ -142,11 +146,12 @@ def reinforce_plus_plus_baseline_advantages(
   μ̂, v̂ = token-weighted mean / variance of A_b over all valid tokens of the rollout batch
   (arXiv 2501.03262). Not zero-mean per group nor per sequence. Shapes: rewards [P, G],
   completion_mask [B, T] -> [B, T] float32. verl ``reinforce_plus_plus_baseline``.
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   _, mask = _row_setup(rewards, completion_mask, valid)
   seq_adv = group.dr_grpo_advantages(rewards, valid=valid).reshape(-1)
   tokens = jnp.where(mask, seq_adv[:, None], 0.0)
-  return common.masked_whiten(tokens, mask, ddof=ddof, epsilon=epsilon, axis_name=axis_name)
+  return common.masked_whiten(tokens, mask, std_ddof=std_ddof, epsilon=epsilon, axis_name=axis_name)
 
 
 def gae_advantages(
@@ -157,7 +162,7 @@ def gae_advantages(
   gamma: float = 1.0,
   lam: float = 1.0,
   whiten: bool = True,
-  ddof: int = 1,
+  std_ddof: int = 1,
   epsilon: float = 1e-8,
   axis_name: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -171,12 +176,14 @@ def gae_advantages(
   advantages are whitened over all valid tokens of the rollout batch (``whiten=True``); the
   returns (value targets) are not. Needs a value model; its output ``values`` is a constant here.
 
+  Constant for the loss: differentiable in principle, the trainer stop-gradients it.
+
   Args:
     token_rewards: [B, T] float rewards u (outcome on the last valid token plus dense terms).
     values: [B, T] float values V.
     completion_mask: [B, T] bool.
     gamma: γ.  lam: λ.  whiten: batch-whiten the advantages.
-    ddof, epsilon: of the whitening.  axis_name: mesh axis inside ``shard_map``.
+    std_ddof, epsilon: of the whitening.  axis_name: mesh axis inside ``shard_map``.
 
   Returns:
     (advantages [B, T], returns [B, T]) float32, 0 where the mask is 0.
@@ -198,6 +205,6 @@ def gae_advantages(
   returns = jnp.where(mask, advantages + values, 0.0)
   if whiten:
     advantages = common.masked_whiten(
-      advantages, mask, ddof=ddof, epsilon=epsilon, axis_name=axis_name
+      advantages, mask, std_ddof=std_ddof, epsilon=epsilon, axis_name=axis_name
     )
   return advantages, returns

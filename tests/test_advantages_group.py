@@ -371,3 +371,16 @@ def test_sequence_estimators_map_uniform_convention():
     dropped = ~np.asarray(valid) | ~np.isfinite(np.asarray(r))
     np.testing.assert_array_equal(out[dropped], 0.0, err_msg=name)
     assert np.abs(out).max() > 0, name
+
+
+@pytest.mark.parametrize("name", ["grpo", "lite_ppo", "rloo", "passk_training", "pkpo"])
+def test_gradient_through_estimator_is_finite(name):
+  """The trainer stop-gradients advantages, but a gradient through them is still finite
+  (double-where divisions / sqrt), even with constant, single-sample and failed groups."""
+  fn = adv.SEQUENCE_ESTIMATORS[name]
+  kw = {"k": 2} if name in ("passk_training", "pkpo") else {}
+  r = jnp.asarray(_rewards(12))
+  weights = jnp.asarray(np.random.default_rng(12).normal(size=r.shape))
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(weights * fn(x, **kw))))(r)
+  assert np.isfinite(np.asarray(grad)).all()
+  np.testing.assert_array_equal(np.asarray(grad)[~np.isfinite(np.asarray(r))], 0.0)
