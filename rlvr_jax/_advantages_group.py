@@ -48,8 +48,8 @@ def group_normalized_advantages(
   after alibaba/ROLL's ``reward_norm`` (arXiv 2508.08221). Scopes (METHODS.md §1.3):
   ``group`` = the valid samples of prompt p; ``rollout`` = every valid reward passed in (the whole
   rollout batch; inside ``shard_map`` pass ``axis_name`` to reduce over shards); ``none`` = mean 0
-  / no division. With ``mean_scope="group"`` a group whose valid rewards are all equal (or that has
-  fewer than 2 valid samples) gets exactly A = 0, not round-off over epsilon.
+  / no division. With either scope ``group``, a group whose valid rewards are all equal (or that
+  has fewer than 2 valid samples) gets exactly A = 0, not round-off (or R - mean) over epsilon.
 
   Constant for the loss: differentiable in principle, the trainer stop-gradients it.
 
@@ -82,7 +82,8 @@ def group_normalized_advantages(
     centred = centred / (group_std + epsilon)
   elif std_scope == "rollout":
     centred = centred / (batch_std + epsilon)
-  if mean_scope == "group":
+  if mean_scope == "group" or std_scope == "group":
+    # Constant or single-sample groups: exactly 0, instead of round-off (or R - mean) over ε.
     centred = jnp.where(_constant_groups(rewards, mask), 0.0, centred)
   return jnp.where(mask, centred, 0.0)
 
