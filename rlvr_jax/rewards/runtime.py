@@ -1,15 +1,18 @@
 """A process pool that runs reward functions with per-item timeouts and never hangs or lies.
 
 Design:
-  * Workers are started with ``forkserver`` (default) or ``spawn``: never ``fork``, which would copy
-    a parent holding JAX/XLA threads and locks. A worker ignores SIGINT, disables core dumps and caps
-    its own address space (``RLIMIT_AS``), so a 10 GB allocation raises ``MemoryError`` inside the
-    worker instead of taking the host down.
+  * Workers are fresh interpreters (``subprocess``, like the ``spawn`` start method; never
+    ``fork``, which would copy a parent holding JAX/XLA threads and locks), connected by a socket.
+    Unlike multiprocessing's spawn/forkserver children they do not re-import the trainer's
+    ``__main__`` (which would load jax into every worker) unless a reward function is defined
+    there. A worker ignores SIGINT, disables core dumps and caps its own address space
+    (``RLIMIT_AS``), so a 10 GB allocation raises ``MemoryError`` inside the worker instead of
+    taking the host down.
   * Items are sent to workers in chunks (one pipe message per chunk, one small message back per
     item), so per-item overhead is a few tens of microseconds. The parent starts each item's clock
     when the previous result of that worker arrives and kills the worker (SIGKILL) when an item runs
-    past ``timeout_s``; a dead worker (segfault, ``os._exit``, OOM kill) is noticed through its
-    process sentinel. The item is recorded as failed with its cause, the worker is replaced, and the
+    past ``timeout_s``; a dead worker (segfault, ``os._exit``, OOM kill) is noticed when its
+    socket reaches EOF. The item is recorded as failed with its cause, the worker is replaced, and the
     rest of its chunk is re-queued.
   * All scheduling happens on one background thread, so ``submit`` is safe from any thread and
     returns a ``concurrent.futures.Future`` that resolves to a :class:`RewardResult`.
@@ -27,8 +30,10 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import resource
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -37,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.rewards import protocol
-from rlvr_jax.rewards.protocol import ItemTimeout
+from rlvr_jax.rewards._worker import describe as _describe
+from rlvr_jax.rewards.protocol import ItemTimeout  # noqa: F401  (re-exported)
 
 CAUSES = ("timeout", "crash", "exception", "memory")
 
@@ -79,83 +85,54 @@ def _to_host(name: str, value: Any) -> Any:
   return value
 
 
-def _describe(exc: BaseException) -> str:
-  try:
-    text = f"{type(exc).__name__}: {exc}"
-  except BaseException:  # noqa: BLE001  (str() of exotic objects can itself fail)
-    text = type(exc).__name__
-  return text[:2000]
-
-
-def _run_unit(fn: Any, payload: tuple) -> Any:
-  kind = payload[0]
-  if kind == "item":
-    _, prompt, completion, row = payload
-    return fn.score_item(prompt, completion, **row)
-  _, prompts, completions, fields = payload
-  values = np.asarray(fn(prompts, completions, **fields), dtype=np.float32).reshape(-1)
-  if values.shape[0] != len(completions):
-    raise ValueError(f"reward_fn returned {values.shape[0]} values for {len(completions)} rows")
-  return values.tolist()
-
-
-def _worker_main(conn, memory_limit_bytes: int | None) -> None:
-  """Worker loop: receive (job_id, pickled fn, units), answer one message per unit."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  if memory_limit_bytes:
-    resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
-  cached_job, fn = None, None
-  while True:
-    try:
-      msg = conn.recv()
-    except (EOFError, OSError):
-      return
-    if msg[0] == "stop":
-      return
-    _, job_id, fn_bytes, units = msg
-    if cached_job != job_id:
-      try:
-        fn = pickle.loads(fn_bytes)
-      except BaseException as e:  # noqa: BLE001  (a configuration error: the whole job fails)
-        conn.send(("loadfail", _describe(e)))
-        continue
-      cached_job = job_id
-    conn.send(("loaded",))
-    for index, payload in units:
-      start = time.perf_counter()
-      try:
-        value = _run_unit(fn, payload)
-        reply = ("ok", index, value, time.perf_counter() - start)
-        conn.send(reply)
-        continue
-      except ItemTimeout as e:
-        reply = ("err", index, "timeout", _describe(e), time.perf_counter() - start)
-      except MemoryError as e:
-        reply = ("err", index, "memory", _describe(e), time.perf_counter() - start)
-      except BaseException as e:  # noqa: BLE001  (SystemExit from reward code is an item failure)
-        reply = ("err", index, "exception", _describe(e), time.perf_counter() - start)
-      conn.send(reply)
+_WORKER_CMD = "from rlvr_jax.rewards._worker import main; main()"
 
 
 class _Worker:
-  def __init__(self, ctx, memory_limit_bytes: int | None):
-    self.conn, child_conn = ctx.Pipe()
-    self.proc = ctx.Process(
-      target=_worker_main, args=(child_conn, memory_limit_bytes), daemon=True, name="reward-worker"
-    )
-    self.proc.start()
-    child_conn.close()
+  """A worker process (a fresh interpreter, see ``_worker.py``) and its connection."""
+
+  def __init__(self, memory_limit_bytes: int | None):
+    parent_sock, child_sock = socket.socketpair()
+    env = dict(os.environ)
+    # So the child finds rlvr_jax before it receives the parent's exact sys.path.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    try:
+      self.proc = subprocess.Popen(
+        [sys.executable, "-c", _WORKER_CMD, str(child_sock.fileno())],
+        pass_fds=(child_sock.fileno(),),
+        stdin=subprocess.DEVNULL,
+        env=env,
+      )
+    finally:
+      child_sock.close()
+    self.conn = multiprocessing.connection.Connection(parent_sock.detach())
+    self.conn.send(("init", list(sys.path), memory_limit_bytes))
     self.units: collections.deque[int] = collections.deque()
     self.deadline = math.inf
     self.started = 0.0
     self.loaded = False
 
+  def is_alive(self) -> bool:
+    return self.proc.poll() is None
+
   def kill(self) -> None:
-    if self.proc.is_alive():
-      os.kill(self.proc.pid, signal.SIGKILL)
-    self.proc.join(timeout=10)
+    if self.is_alive():
+      self.proc.kill()
+    try:
+      self.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass
     self.conn.close()
+
+
+def _main_spec() -> tuple[str, str] | None:
+  """How a worker can import the parent's ``__main__`` (for reward functions defined there)."""
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  if spec is not None and spec.name and not spec.name.endswith("__main__"):
+    return ("module", spec.name)
+  path = getattr(main, "__file__", None)
+  return ("path", os.path.abspath(path)) if path else None
 
 
 def _exit_description(exitcode: int | None) -> str:
@@ -180,7 +157,6 @@ class RewardRuntime:
       multiplied by the unit's number of rows).
     failure_value: value given to failed items (default NaN: excluded from advantages).
     memory_limit_bytes: ``RLIMIT_AS`` of each worker (None: unlimited).
-    start_method: "forkserver" (default) or "spawn"; "fork" is refused (unsafe with JAX threads).
     max_chunk: most items sent to a worker in one message.
     load_timeout_s: limit for unpickling the reward function (its imports) in a fresh worker.
   """
@@ -192,7 +168,6 @@ class RewardRuntime:
     timeout_s: float = 10.0,
     failure_value: float = np.nan,
     memory_limit_bytes: int | None = 4 << 30,
-    start_method: str = "forkserver",
     max_chunk: int = 32,
     load_timeout_s: float = 120.0,
   ):
@@ -200,17 +175,15 @@ class RewardRuntime:
       raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     if timeout_s <= 0:
       raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if start_method not in ("forkserver", "spawn"):
-      raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
     self.num_workers = num_workers
     self.timeout_s = float(timeout_s)
     self.failure_value = float(failure_value)
     self.memory_limit_bytes = memory_limit_bytes
     self.max_chunk = max_chunk
     self.load_timeout_s = load_timeout_s
-    self._ctx = multiprocessing.get_context(start_method)
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reward-runtime")
     self._workers: list[_Worker] = []
+    self._spare: _Worker | None = None
     self._lock = threading.Lock()
     self._job_counter = 0
     self.worker_restarts = 0
@@ -278,25 +251,36 @@ class RewardRuntime:
 
   # --- scheduling (runs on the single executor thread) -------------------------------------------
 
+  def _new_worker(self) -> _Worker:
+    """A started worker. One spare is kept warm, so replacing a killed worker costs no start-up."""
+    spare, self._spare = self._spare, _Worker(self.memory_limit_bytes)
+    return spare if spare is not None and spare.is_alive() else _Worker(self.memory_limit_bytes)
+
   def _ensure_workers(self) -> None:
-    self._workers = [w for w in self._workers if w.proc.is_alive()]
+    self._workers = [w for w in self._workers if w.is_alive()]
     while len(self._workers) < self.num_workers:
-      self._workers.append(_Worker(self._ctx, self.memory_limit_bytes))
+      self._workers.append(self._new_worker())
 
   def _stop_workers(self) -> None:
+    if self._spare is not None:
+      self._workers.append(self._spare)
+      self._spare = None
     for w in self._workers:
       try:
         w.conn.send(("stop",))
       except OSError:
         pass
     for w in self._workers:
-      w.proc.join(timeout=2)
+      try:
+        w.proc.wait(timeout=2)
+      except subprocess.TimeoutExpired:
+        pass
       w.kill()
     self._workers = []
 
   def _replace(self, worker: _Worker) -> None:
     worker.kill()
-    self._workers[self._workers.index(worker)] = _Worker(self._ctx, self.memory_limit_bytes)
+    self._workers[self._workers.index(worker)] = self._new_worker()
     self.worker_restarts += 1
 
   def _units(self, prompts, completions, fields, granularity, num_rows):
@@ -329,6 +313,7 @@ class RewardRuntime:
       raise
 
   def _execute_units(self, job_id, fn_bytes, payloads, unit_timeout):
+    main_spec = _main_spec() if b"__main__" in fn_bytes else None
     num_units = len(payloads)
     values: list[Any] = [None] * num_units
     failures: dict[int, RewardFailure] = {}
@@ -352,31 +337,37 @@ class RewardRuntime:
     while done < num_units:
       for slot in range(len(self._workers)):
         if not self._workers[slot].units and pending:
-          if not self._workers[slot].proc.is_alive():
+          if not self._workers[slot].is_alive():
             self._replace(self._workers[slot])
           w = self._workers[slot]
           units = pending.popleft()
           try:
-            w.conn.send(("job", job_id, fn_bytes, [(i, payloads[i]) for i in units]))
+            w.conn.send(("job", job_id, fn_bytes, main_spec, [(i, payloads[i]) for i in units]))
           except OSError:  # died between the liveness check and the send: try a fresh worker
             self._replace(w)
             w = self._workers[slot]
-            w.conn.send(("job", job_id, fn_bytes, [(i, payloads[i]) for i in units]))
+            w.conn.send(("job", job_id, fn_bytes, main_spec, [(i, payloads[i]) for i in units]))
           w.units.extend(units)
           w.started = time.monotonic()
           w.deadline, w.loaded = w.started + self.load_timeout_s, False
       busy = [w for w in self._workers if w.units]
       wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
-      handles = [w.conn for w in busy] + [w.proc.sentinel for w in busy]
-      ready = set(multiprocessing.connection.wait(handles, timeout=wait_s))
+      # A dying worker closes its socket, so its connection becomes readable (EOF).
+      ready = set(multiprocessing.connection.wait([w.conn for w in busy], timeout=wait_s))
       for w in busy:
-        if w.conn in ready or w.proc.sentinel in ready:
+        if w.conn in ready:
+          eof = False
           try:
             while w.units and w.conn.poll():
               msg = w.conn.recv()
               now = time.monotonic()
               if msg[0] == "loadfail":
-                raise RuntimeError(f"reward_fn could not be loaded in a worker process: {msg[1]}")
+                hint = ""
+                if main_spec is None and b"__main__" in fn_bytes:
+                  hint = " (it is defined in an interactive __main__: move it to a module)"
+                raise RuntimeError(
+                  f"reward_fn could not be loaded in a worker process{hint}: {msg[1]}"
+                )
               if msg[0] == "loaded":
                 w.loaded = True
               else:
@@ -388,10 +379,13 @@ class RewardRuntime:
                 done += 1
               w.started, w.deadline = now, now + unit_timeout
           except (EOFError, OSError):
-            pass
-          if w.units and not w.proc.is_alive():
-            w.proc.join(timeout=1)
-            fail_current(w, "crash", _exit_description(w.proc.exitcode))
+            eof = True
+          if w.units and eof:
+            try:
+              w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+              pass  # closed its socket but lives on: killed by _replace
+            fail_current(w, "crash", _exit_description(w.proc.returncode))
         elif w.units and time.monotonic() >= w.deadline:
           what = "item" if w.loaded else "loading reward_fn"
           fail_current(
