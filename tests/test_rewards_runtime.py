@@ -242,3 +242,30 @@ def test_workers_and_rewards_package_never_import_jax(runtime):
   code = "import sys, rlvr_jax.rewards as r; r.MathReward(); print('jax' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "False"
+
+
+def test_script_main_is_not_reimported_unless_needed(tmp_path):
+  import subprocess
+  import sys
+
+  script = tmp_path / "train_like.py"
+  script.write_text(
+    "import sys\n"
+    f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+    "import jax  # a trainer script imports jax at the top\n"
+    "import numpy as np\n"
+    "from rlvr_jax.rewards import RewardRuntime\n"
+    "from test_rewards_runtime import jax_loaded_reward\n"
+    "def local_reward(prompts, completions, **fields):\n"
+    "  return np.array([7.0] * len(completions), np.float32)\n"
+    "if __name__ == '__main__':\n"
+    "  with RewardRuntime(num_workers=1, timeout_s=30.0) as rt:\n"
+    "    print(rt.run(jax_loaded_reward, ['p'], ['c']).rewards[0])\n"
+    "    print(rt.run(local_reward, ['p'], ['c']).rewards[0])\n"
+  )
+  out = subprocess.run(
+    [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+  )
+  # jax is not in the worker for a reward from a jax-free module; a reward defined in the
+  # script's __main__ still works (the worker then imports the script once, on demand).
+  assert out.stdout.split() == ["0.0", "7.0"]
