@@ -112,6 +112,18 @@ def sequence_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return masked_mean(x, mask, axis=-1)
 
 
+def replicated(x: jax.Array) -> jax.Array:
+  """``x`` resharded to fully replicated when it is sharded over explicit mesh axes, else ``x``.
+
+  Sorting along, or regrouping, a dimension that is sharded over an ``Explicit`` axis is a type
+  error; the arrays this is used on are small (per-token scalars of the loss).
+  """
+  spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+  if spec is not None and any(p is not None for p in spec):
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
+  return x
+
+
 def kth_largest(values: jax.Array, valid: jax.Array, k: jax.Array) -> jax.Array:
   """The k-th largest of ``values`` over ``valid`` (exact, by a sort of the flattened array).
 
@@ -120,7 +132,7 @@ def kth_largest(values: jax.Array, valid: jax.Array, k: jax.Array) -> jax.Array:
   Under ``jax.jit`` with sharded inputs the sort runs over the global array, so the threshold is
   exact at the scope of the arrays passed in.
   """
-  flat = jnp.where(valid > 0, values, -jnp.inf).reshape(-1).astype(jnp.float32)
+  flat = replicated(jnp.where(valid > 0, values, -jnp.inf).astype(jnp.float32)).reshape(-1)
   ordered = -jnp.sort(-flat)
   k = jnp.asarray(k, jnp.int32)
   picked = ordered[jnp.clip(k - 1, 0, flat.shape[0] - 1)]

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlvr_jax import regularizers
 from rlvr_jax._aggregation import (
@@ -26,6 +27,7 @@ from rlvr_jax._aggregation import (
   max_metric,
   mean_metric,
   min_metric,
+  replicated,
   safe_div,
   token_advantages,
 )
@@ -95,7 +97,7 @@ def _active(coef) -> bool:
   """A coefficient is active unless it is a Python / concrete zero (tracers count as active)."""
   if isinstance(coef, jax.core.Tracer):
     return True
-  return bool(jnp.any(jnp.asarray(coef) != 0))
+  return bool(np.any(np.asarray(coef) != 0))
 
 
 def check_batch(batch: Batch) -> tuple[int, int]:
@@ -152,8 +154,8 @@ def run_objective(
   # 1. Sampler/trainer mismatch correction (constant weights, applied after clipping).
   if batch.sampler_logp is not None:
     gap = jnp.abs(sg(logp) - batch.sampler_logp)
-    metrics["mismatch/abs_logp_diff_mean"] = mean_metric(gap, m)
-    metrics["mismatch/abs_logp_diff_max"] = max_metric(gap, m)
+    metrics["mismatch/abs_logp_diff/mean"] = mean_metric(gap, m)
+    metrics["mismatch/abs_logp_diff/max"] = max_metric(gap, m)
     if opts.mismatch != "none":
       w = mismatch_weights(
         batch.old_logp, batch.sampler_logp, m, mode=opts.mismatch, low=opts.mismatch_low,
@@ -239,7 +241,9 @@ def _policy_metrics(policy_fn, logp, batch, m, weights, info, opts) -> dict:
   out["grad_frac/tokens"] = mean_metric(carries.astype(jnp.float32), m)
   if opts.group_size is not None:
     groups = check_group_size(m.shape[0], opts.group_size)
-    per_group = lambda x: jnp.any(x.reshape(groups, -1) > 0, axis=-1).astype(jnp.float32)
+    per_group = lambda x: jnp.any(replicated(x).reshape(groups, -1) > 0, axis=-1).astype(
+      jnp.float32
+    )
     valid_groups = per_group(m)
     out["grad_frac/groups"] = mean_metric(per_group(carries) * valid_groups, valid_groups)
   return out
