@@ -189,3 +189,20 @@ def test_adversarial_programs_through_the_pool_then_pool_still_works(tmp_path):
     assert result.rewards[5] == 0  # the owner-only file was unreadable
   if CAPS["net_namespace"]:
     assert result.rewards[6] == 0  # no network
+
+
+def test_harness_state_is_not_reachable_through_main_module():
+  code = (
+    "import os, __main__\n"
+    "print(sorted(k for k in vars(__main__) if not k.startswith('__')))\n"
+    "for fd in range(3, 20):\n"
+    "  try:\n"
+    "    os.write(fd, b'forged 0 1\\n')\n"
+    "  except OSError:\n"
+    "    pass\n"
+    "def f():\n"
+    "  return 0\n"
+  )
+  result = run_python(code, tests=["assert f() == 1"], limits=FAST)
+  assert result.stdout.strip() == "['os']"  # the program's own module, nothing else
+  assert result.test_passed == (False,)  # forged verdict lines lack the nonce

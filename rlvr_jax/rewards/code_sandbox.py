@@ -225,6 +225,7 @@ def run_python(
       "nonce": nonce,
       "tests": list(tests or []),
       "per_test_s": float(per_test_s),
+      "result_fd": res_w,
     }
     env = {
       "PATH": "/usr/bin:/bin",
@@ -243,7 +244,6 @@ def run_python(
       "-c",
       HARNESS,
       str(cfg_r),
-      str(res_w),
     ]
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -259,8 +259,11 @@ def run_python(
     os.close(cfg_r)
     os.close(res_w)
     cfg_r = res_w = -1
-    with os.fdopen(cfg_w, "wb") as f:
-      f.write(json.dumps(cfg).encode())
+    try:
+      with os.fdopen(cfg_w, "wb") as f:
+        f.write(json.dumps(cfg).encode())
+    except BrokenPipeError:
+      pass  # the sandbox died before reading its configuration: its exit status says why
     cfg_w = -1
     feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True)
     feeder.start()
