@@ -269,3 +269,14 @@ def test_script_main_is_not_reimported_unless_needed(tmp_path):
   # jax is not in the worker for a reward from a jax-free module; a reward defined in the
   # script's __main__ still works (the worker then imports the script once, on demand).
   assert out.stdout.split() == ["0.0", "7.0"]
+
+
+def test_workers_that_cannot_start_raise_instead_of_hanging(monkeypatch):
+  from rlvr_jax.rewards import runtime as runtime_module
+
+  monkeypatch.setattr(runtime_module, "_WORKER_CMD", "import os; os._exit(5)")
+  start = time.monotonic()
+  with RewardRuntime(num_workers=1, timeout_s=1.0) as rt:
+    with pytest.raises(RuntimeError, match="die while starting.*code 5"):
+      rt.run(length_reward, ["p"], ["c"])
+  assert time.monotonic() - start < 20

@@ -9,7 +9,7 @@ there, and then only once, on demand.
 Messages in:  ("init", sys_path, memory_limit_bytes)
               ("job", job_id, fn_bytes, main_spec, [(index, payload), ...])
               ("stop",)
-Messages out: ("loaded",) | ("loadfail", message)
+Messages out: ("ready",) once after init; ("loaded",) | ("loadfail", message) per job
               ("ok", index, value, seconds) | ("err", index, cause, message, seconds)
 """
 
@@ -110,4 +110,5 @@ def main() -> None:
   sys.path[:] = sys_path
   if memory_limit_bytes:
     resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+  conn.send(("ready",))
   _serve(conn)

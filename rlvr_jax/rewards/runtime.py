@@ -107,6 +107,8 @@ class _Worker:
       child_sock.close()
     self.conn = multiprocessing.connection.Connection(parent_sock.detach())
     self.conn.send(("init", list(sys.path), memory_limit_bytes))
+    self.spawned = time.monotonic()
+    self.ready = False  # set when the worker's ("ready",) arrives
     self.units: collections.deque[int] = collections.deque()
     self.deadline = math.inf
     self.started = 0.0
@@ -184,6 +186,7 @@ class RewardRuntime:
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reward-runtime")
     self._workers: list[_Worker] = []
     self._spare: _Worker | None = None
+    self._start_failures = 0
     self._lock = threading.Lock()
     self._job_counter = 0
     self.worker_restarts = 0
@@ -278,6 +281,27 @@ class RewardRuntime:
       w.kill()
     self._workers = []
 
+  def _ready(self, worker: _Worker) -> bool:
+    """Whether the worker finished starting (non-blocking); a worker that died starting is
+    replaced, and repeated start-up deaths raise (a broken environment, not a bad item)."""
+    if worker.ready:
+      return True
+    if not worker.conn.poll():
+      return False
+    try:
+      worker.ready = worker.conn.recv() == ("ready",)
+      self._start_failures = 0
+      return worker.ready
+    except (EOFError, OSError):
+      worker.proc.wait()
+      self._start_failures += 1
+      if self._start_failures > 3:
+        raise RuntimeError(
+          f"reward workers die while starting ({_exit_description(worker.proc.returncode)})"
+        ) from None
+      self._replace(worker)
+      return False
+
   def _replace(self, worker: _Worker) -> None:
     worker.kill()
     self._workers[self._workers.index(worker)] = self._new_worker()
@@ -336,24 +360,35 @@ class RewardRuntime:
     self._ensure_workers()
     while done < num_units:
       for slot in range(len(self._workers)):
-        if not self._workers[slot].units and pending:
-          if not self._workers[slot].is_alive():
-            self._replace(self._workers[slot])
-          w = self._workers[slot]
-          units = pending.popleft()
-          try:
-            w.conn.send(("job", job_id, fn_bytes, main_spec, [(i, payloads[i]) for i in units]))
-          except OSError:  # died between the liveness check and the send: try a fresh worker
-            self._replace(w)
-            w = self._workers[slot]
-            w.conn.send(("job", job_id, fn_bytes, main_spec, [(i, payloads[i]) for i in units]))
-          w.units.extend(units)
-          w.started = time.monotonic()
-          w.deadline, w.loaded = w.started + self.load_timeout_s, False
+        if self._workers[slot].units or not pending:
+          continue
+        if not self._workers[slot].is_alive():
+          self._replace(self._workers[slot])
+        w = self._workers[slot]
+        if not self._ready(w):
+          continue  # still starting: never block the scheduler on a send it cannot read yet
+        units = pending.popleft()
+        try:
+          w.conn.send(("job", job_id, fn_bytes, main_spec, [(i, payloads[i]) for i in units]))
+        except OSError:  # died since the liveness check: requeue, a fresh worker takes it
+          pending.appendleft(units)
+          self._replace(w)
+          continue
+        w.units.extend(units)
+        w.started = time.monotonic()
+        w.deadline, w.loaded = w.started + self.load_timeout_s, False
       busy = [w for w in self._workers if w.units]
-      wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+      starting = [w for w in self._workers if not w.units and not w.ready] if pending else []
+      deadlines = [w.deadline for w in busy] + [w.spawned + self.load_timeout_s for w in starting]
+      if not deadlines:
+        continue
+      wait_s = max(0.0, min(deadlines) - time.monotonic())
       # A dying worker closes its socket, so its connection becomes readable (EOF).
-      ready = set(multiprocessing.connection.wait([w.conn for w in busy], timeout=wait_s))
+      handles = [w.conn for w in busy + starting]
+      ready = set(multiprocessing.connection.wait(handles, timeout=wait_s))
+      for w in starting:
+        if w.conn not in ready and time.monotonic() > w.spawned + self.load_timeout_s:
+          raise RuntimeError(f"a reward worker did not start within {self.load_timeout_s}s")
       for w in busy:
         if w.conn in ready:
           eof = False
