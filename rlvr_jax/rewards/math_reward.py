@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 import signal
 import threading
@@ -174,6 +175,19 @@ def _alarm(seconds: float | None):
     signal.signal(signal.SIGALRM, previous)
 
 
+def _wrap_latex(s: str) -> str:
+  return s if "$" in s or "\\boxed" in s else f"${s}$"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str):
+  """Parsed reference answer; cached because the G samples of a prompt share it (sympy objects
+  are immutable). A parse cut short by the alarm raises, so it is never cached."""
+  import math_verify  # noqa: PLC0415
+
+  return math_verify.parse(_wrap_latex(gold), parsing_timeout=None)
+
+
 def _math_verify_equal(pred: str, gold: str, timeout_s: float | None) -> bool:
   import math_verify  # noqa: PLC0415  (heavy: sympy + antlr; imported in workers on first use)
   import math_verify.grader
@@ -182,12 +196,9 @@ def _math_verify_equal(pred: str, gold: str, timeout_s: float | None) -> bool:
   # We disable math-verify's own signal timeouts on purpose (ours replace them): skip its warning.
   math_verify.grader.TIMEOUT_WARNING_SHOWN = math_verify.parser.TIMEOUT_WARNING_SHOWN = True
 
-  def wrap(s: str) -> str:
-    return s if "$" in s or "\\boxed" in s else f"${s}$"
-
   with _alarm(timeout_s):
-    gold_parsed = math_verify.parse(wrap(gold), parsing_timeout=None)
-    pred_parsed = math_verify.parse(wrap(pred), parsing_timeout=None)
+    gold_parsed = _parse_gold(gold)
+    pred_parsed = math_verify.parse(_wrap_latex(pred), parsing_timeout=None)
     if not gold_parsed or not pred_parsed:
       return False
     return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=None))
