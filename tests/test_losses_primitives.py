@@ -385,3 +385,81 @@ def test_mismatch_ignores_padding_and_opsm():
   smp = _f32([[-0.5, -0.5], [-0.5, -0.5], [-1.0, -1.0]])
   keep = losses.opsm_mask(logp, smp, _f32([-1.0, 1.0, -1.0]), jnp.ones((3, 2), bool), threshold=0.3)
   np.testing.assert_array_equal(keep, [[0, 0], [1, 1], [1, 1]])
+
+
+def test_selections_and_weights_numpy_reference_random():
+  logp, old, adv, mask = _random_inputs(11, (5, 8))
+  rng = np.random.default_rng(12)
+  noise = rng.uniform(size=logp.shape)
+  entropy = rng.uniform(0, 3, logp.shape)
+  smp = old + rng.normal(0, 0.4, logp.shape)
+  m = mask.astype(float)
+  n = mask.sum()
+  valid = np.flatnonzero(mask)
+  # Covariance scores and the KL-Cov top-k.
+  c = (adv - (adv * m).sum() / n) * (logp - (logp * m).sum() / n) * m
+  stats = losses.kl_cov_stats(_f32(logp), _f32(adv), mask, kl_cov_ratio=0.1)
+  got_c = losses.covariance_scores(_f32(logp), _f32(adv), mask, adv_mean=stats.adv_mean,
+                                   logp_mean=stats.logp_mean)  # fmt: skip
+  np.testing.assert_allclose(got_c, c, rtol=1e-5, atol=1e-6)
+  k = max(1, int(0.1 * n))
+  want = np.zeros(mask.shape, bool)
+  want.flat[valid[np.argsort(-c.flat[valid])[:k]]] = True
+  np.testing.assert_array_equal(losses.kl_cov_mask(_f32(logp), _f32(adv), mask, stats), want)
+  # Clip-Cov: the k smallest noise values among unclipped candidates with lb < c < ub.
+  r = np.exp(logp - old)
+  clipped = ((adv > 0) & (r > 1.28)) | ((adv < 0) & (r < 0.8))
+  cand = mask & (c > 0.05) & (c < 5.0) & ~clipped
+  kw = dict(cov_low=0.05, cov_high=5.0)
+  st = losses.clip_cov_stats(
+    _f32(logp), _f32(old), _f32(adv), mask, _f32(noise), clip_cov_ratio=0.1, **kw
+  )
+  got = losses.clip_cov_mask(_f32(logp), _f32(old), _f32(adv), mask, _f32(noise), st, **kw)
+  idx = np.flatnonzero(cand)
+  want = np.zeros(mask.shape, bool)
+  want.flat[idx[np.argsort(noise.flat[idx])[:k]]] = True
+  assert want.sum() == min(k, cand.sum()) > 0
+  np.testing.assert_array_equal(got, want)
+  # STEER.
+  p = np.clip(np.exp(logp), 1e-8, 1 - 1e-8)
+  omega = np.abs(adv / np.clip(np.exp(old), 1e-8, 1) * p * (1 - p) * (np.log(p) + entropy))
+  got_omega = losses.steer_omega(_f32(logp), _f32(old), _f32(adv), _f32(entropy))
+  np.testing.assert_allclose(got_omega, omega, rtol=1e-4, atol=1e-6)
+  lo, hi = losses.steer_omega_range(got_omega, mask)
+  np.testing.assert_allclose([lo, hi], [omega[mask].min(), omega[mask].max()], rtol=1e-4)
+  kappa = -np.log(0.8) / max(omega[mask].max(), 0.02)
+  w = losses.steer_weights(got_omega, omega_min=lo, omega_max=hi, weight_min=0.8)
+  np.testing.assert_allclose(w, np.clip(np.exp(-kappa * omega), 0.8, 1.0), rtol=1e-4)
+  # Mismatch weights.
+  log_rho = old - smp
+  rho = np.exp(log_rho)
+  seq = np.exp((log_rho * m).sum(1, keepdims=True))
+  geo = np.exp((log_rho * m).sum(1, keepdims=True) / m.sum(1, keepdims=True))
+  cases = {
+    "token_truncate": np.clip(rho, 0.5, 2.0),
+    "token_mask": np.where((rho >= 0.5) & (rho <= 2.0), rho, 0.0),
+    "seq_truncate": np.broadcast_to(np.clip(seq, 0.5, 2.0), rho.shape),
+    "seq_mask": np.broadcast_to(np.where((seq >= 0.5) & (seq <= 2.0), seq, 0.0), rho.shape),
+    "geo_mask": np.where((geo >= 0.5) & (geo <= 2.0), rho, 0.0),
+  }
+  for mode, want in cases.items():
+    got = losses.mismatch_weights(_f32(old), _f32(smp), mask, mode=mode, low=0.5, high=2.0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=mode)
+  # OPSM.
+  gap = ((smp - logp) * m).sum(1) / m.sum(1)
+  a_row = (adv * m).sum(1) / m.sum(1)
+  keep = ~((a_row < 0) & (gap > 0.1))
+  got = losses.opsm_mask(_f32(logp), _f32(smp), _f32(adv), mask, threshold=0.1)
+  np.testing.assert_array_equal(got, np.broadcast_to(keep[:, None], mask.shape))
+
+
+def test_statistics_of_empty_scope_select_nothing():
+  z = jnp.zeros((2, 3))
+  m = jnp.zeros((2, 3), bool)
+  assert not bool(losses.high_entropy_mask(z, m, losses.high_entropy_threshold(z, m)).any())
+  st = losses.kl_cov_stats(z, z, m)
+  assert not bool(losses.kl_cov_mask(z, z, m, st).any())
+  st = losses.clip_cov_stats(z, z, z, m, z)
+  assert not bool(losses.clip_cov_mask(z, z, z, m, z, st).any())
+  lo, hi = losses.steer_omega_range(z, m)
+  assert float(lo) == 0.0 and float(hi) == 0.0
