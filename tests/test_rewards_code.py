@@ -87,9 +87,11 @@ def test_cannot_read_owner_only_files(tmp_path):
 
 @pytest.mark.skipif(not CAPS["mount_namespace"], reason="needs a mount namespace")
 def test_trainer_directory_is_hidden():
-  readme = os.path.join(os.getcwd(), "pyproject.toml")
+  # .../<project>/rlvr_jax/rewards/__init__.py -> <project>, hidden by default.
+  project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(rewards.__file__))))
+  readme = os.path.join(project, "pyproject.toml")
   assert os.path.exists(readme)
-  code = f"import os\nprint(os.listdir({os.getcwd()!r}))\nprint(open({readme!r}).read())\n"
+  code = f"import os\nprint(os.listdir({project!r}))\nprint(open({readme!r}).read())\n"
   result = run_python(code, limits=FAST)
   assert result.stdout.startswith("[]") and "FileNotFoundError" in result.stderr
   assert "rlvr_jax" not in result.stdout
