@@ -192,3 +192,26 @@ def test_strategies_are_hashable_static_arguments():
   f(jnp.zeros((1, 4)), TopP(0.9))
   f(jnp.ones((1, 4)), TopP(0.9))
   assert f._cache_size() == 1
+
+
+def test_truncated_logprobs_from_hidden_chunked_equals_full():
+  """Chunked over T (T=7, chunk 3: ragged last chunk): same values and gradients as the logits path."""
+  from rlvr_jax.sampling import truncated_logprobs_from_hidden
+
+  h = jax.random.normal(jax.random.key(0), (2, 7, 8))
+  w = jax.random.normal(jax.random.key(1), (8, 30))
+  strategy = Combined(temperature=0.7, top_p=0.8)
+  logp, threshold = strategy.log_probs(h @ w)
+  tokens = jax.vmap(jax.vmap(strategy.sample))(jax.random.split(jax.random.key(2), (2, 7)), logp)
+
+  def full(h, w):
+    return truncated_token_logprobs(h @ w, tokens, threshold, temperature=0.7)
+
+  def chunked(h, w):
+    return truncated_logprobs_from_hidden(h, w, tokens, threshold, temperature=0.7, chunk_size=3)
+
+  np.testing.assert_allclose(np.asarray(chunked(h, w)), np.asarray(full(h, w)), atol=1e-5)
+  g_full = jax.grad(lambda h, w: full(h, w).sum(), argnums=(0, 1))(h, w)
+  g_chunk = jax.grad(lambda h, w: chunked(h, w).sum(), argnums=(0, 1))(h, w)
+  for a, b in zip(g_chunk, g_full, strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
