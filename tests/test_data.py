@@ -1,0 +1,156 @@
+"""Data: file loading with row/field errors, procedural tasks and splits, streams, tokenizer."""
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from rlvr_jax import data
+from rlvr_jax.data import tasks
+
+
+def _write_jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+def test_jsonl_records_with_template(tmp_path):
+  f = _write_jsonl(
+    tmp_path / "d.jsonl",
+    [{"question": "1+1?", "solution": 2, "id": 0}, {"question": "2+3?", "solution": 5, "id": 1}],
+  )
+  recs = data.load_records(f, prompt_template="Q: {question}\nA:", answer_field="solution")
+  assert [r["prompt"] for r in recs] == ["Q: 1+1?\nA:", "Q: 2+3?\nA:"]
+  assert [r["answer"] for r in recs] == ["2", "5"] and recs[1]["id"] == 1
+
+
+def test_jsonl_missing_field_names_file_row_field(tmp_path):
+  f = _write_jsonl(
+    tmp_path / "bad.jsonl",
+    [{"question": "a", "answer": "1"}, {"question": "b", "answer": "2"}, {"answer": "3"}],
+  )
+  with pytest.raises(data.DataError, match=r"bad\.jsonl: row 3: missing field 'question'"):
+    data.load_records(f, prompt_template="{question}", answer_field="answer")
+
+
+def test_jsonl_row_numbers_count_lines_with_blank_lines(tmp_path):
+  p = tmp_path / "gaps.jsonl"
+  p.write_text('{"q": "a", "answer": "1"}\n\n{"q": "b", "answer": ""}\n')
+  with pytest.raises(data.DataError, match=r"gaps\.jsonl: row 3: field 'answer' is empty"):
+    data.load_records(str(p), prompt_template="{q}", answer_field="answer")
+
+
+def test_jsonl_invalid_json_line(tmp_path):
+  p = tmp_path / "broken.jsonl"
+  p.write_text('{"q": "a", "answer": "1"}\n{"q": "b", "answer": \n')
+  with pytest.raises(data.DataError, match=r"broken\.jsonl: row 2: not valid JSON"):
+    data.load_records(str(p), prompt_template="{q}", answer_field="answer")
+  p.write_text('{"q": "a", "answer": "1"}\n[1, 2]\n')
+  with pytest.raises(data.DataError, match=r"row 2: expected a JSON object, got list"):
+    data.load_records(str(p), prompt_template="{q}", answer_field="answer")
+
+
+def test_parquet_missing_answer_field(tmp_path):
+  path = str(tmp_path / "d.parquet")
+  datasets.Dataset.from_list([{"q": "x", "gold": None}, {"q": "y", "gold": "2"}]).to_parquet(path)
+  with pytest.raises(data.DataError, match=r"d\.parquet: row 1: missing field 'gold'"):
+    data.load_records(path, prompt_template="{q}", answer_field="gold")
+  recs = data.load_records(path, prompt_template="{q}", answer_field="q")
+  assert [r["prompt"] for r in recs] == ["x", "y"]
+
+
+def test_bad_template_and_missing_file(tmp_path):
+  with pytest.raises(data.DataError, match="prompt_template"):
+    data.template_fields("{question")
+  with pytest.raises(data.DataError, match="fields must be plain names"):
+    data.template_fields("{0}")
+  with pytest.raises(data.DataError, match="file not found"):
+    data.load_records(str(tmp_path / "nope.jsonl"), prompt_template="{q}", answer_field="a")
+
+
+def test_task_splits_are_disjoint_and_deterministic():
+  spec = data.TaskSpec(max_value=20, heldout_fraction=0.2)
+  train = [tasks.make_example(spec, i, seed=0, split="train") for i in range(300)]
+  held = data.heldout_set(spec, 40, seed=1)
+  assert {r["key"] for r in train}.isdisjoint({r["key"] for r in held})
+  assert len({r["key"] for r in held}) == 40
+  again = [tasks.make_example(spec, i, seed=0, split="train") for i in range(300)]
+  assert train == again
+  for r in train[:50]:
+    assert r["prompt"] == r["key"] + "=" and int(r["answer"]) == eval(r["key"])
+  # The split is a property of the problem, not of the seed.
+  for r in held:
+    assert tasks.split_of(r["key"], 0.2) == "heldout"
+
+
+def test_word_and_countdown_tasks_have_checkable_answers():
+  word = data.TaskSpec(style="word", ops="+-*", max_value=12)
+  for i in range(30):
+    r = tasks.make_example(word, i, seed=3, split="train")
+    assert "\\boxed{}" in r["prompt"] and r["answer"].isdigit()
+    assert int(r["answer"]) == eval(r["key"]), r
+  cd = data.TaskSpec(name="countdown", num_terms=3, min_value=1, max_value=9)
+  for i in range(20):
+    r = tasks.make_example(cd, i, seed=0, split="train")
+    assert len(r["numbers"]) == 3 and r["answer"] == str(r["target"])
+
+
+def test_no_carry_sum_golden():
+  assert tasks.no_carry_sum("57+68") == "15"
+  assert tasks.no_carry_sum("5+5") == "0"
+  assert tasks.no_carry_sum("12+3") == "15"
+  assert tasks.no_carry_sum("49+1") == "40"
+
+
+def test_task_spec_validation_names_field():
+  with pytest.raises(ValueError, match=r"data\.task\.ops="):
+    data.TaskSpec(ops="/").validate()
+  with pytest.raises(ValueError, match=r"data\.task\.name="):
+    data.TaskSpec(name="sudoku").validate()
+
+
+def test_prompt_source_position_and_restore():
+  spec = data.TaskSpec(max_value=30)
+  a = data.PromptSource(task=spec, seed=5)
+  first = a.take(4)
+  assert [r["index"] for r in first] == [0, 1, 2, 3] and a.state() == {"position": 4}
+  rest = a.take(3)
+  b = data.PromptSource(task=spec, seed=5)
+  b.restore({"position": 4})
+  assert b.take(3) == rest
+  recs = [{"prompt": str(i), "answer": str(i)} for i in range(5)]
+  f = data.PromptSource(records=recs, seed=1)
+  epoch0, epoch1 = f.take(5), f.take(5)
+  assert sorted(r["prompt"] for r in epoch0) == sorted(r["prompt"] for r in epoch1) == list("01234")
+  g = data.PromptSource(records=recs, seed=1)
+  g.restore({"position": 7})
+  assert g.take(3) == [*epoch1[2:]]
+
+
+def test_build_sources_files_content_split(tmp_path):
+  rows = [{"question": f"q{i}", "answer": str(i)} for i in range(200)]
+  f = _write_jsonl(tmp_path / "all.jsonl", rows)
+  cfg = ConfigDict(
+    dict(source="files", path=f, eval_path="", prompt_template="{question}", answer_field="answer",
+         seed=0, num_eval=1000, task=dict(heldout_fraction=0.2))
+  )  # fmt: skip
+  train, held = data.build_sources(cfg)
+  train_prompts = {r["prompt"] for r in train.records}
+  assert train_prompts.isdisjoint({r["prompt"] for r in held})
+  assert len(train_prompts) + len(held) == 200 and 10 < len(held) < 80
+
+
+def test_char_tokenizer_round_trip_and_left_padding():
+  tok = data.CharTokenizer("0123456789+=")
+  ids, mask = tok.encode_batch(["1+2=", "12+34="])
+  assert ids.shape == (2, 7) and mask.dtype == bool
+  np.testing.assert_array_equal(mask[0], [False, False, True, True, True, True, True])
+  assert ids[0, 2] == tok.bos_id and ids[0, 0] == tok.pad_id
+  assert tok.decode_batch(ids, mask) == ["1+2=", "12+34="]
+  with pytest.raises(ValueError, match="'x' in '1x'"):
+    tok.encode("1x")
+  ids, mask = data.encode_prompts(["1+2="], tok, add_special_tokens=True, bucket=8)
+  assert ids.shape == (1, 8) and mask.sum() == 5 and mask[0, -1]
+  assert tok.apply_chat_template([{"role": "user", "content": "3+4="}]) == "3+4="
