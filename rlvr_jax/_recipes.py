@@ -1,4 +1,4 @@
-"""One ``*_objective`` per named recipe, all with the uniform signature (see ``rlvr_jax.losses``).
+"""Objectives of the PPO family and its ratio variants (the uniform signature: ``rlvr_jax.losses``).
 
 Each recipe picks a surrogate, its token weights / selection and an aggregation; the KL, entropy,
 mismatch and metric machinery is shared (``_objectives.run_objective``). Every recipe also accepts
@@ -15,10 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax import _selection as sel
 from rlvr_jax import _surrogates as sur
-from rlvr_jax import regularizers as reg
-from rlvr_jax._aggregation import as_mask, check_choice, log_ratio, mean_metric, token_advantages
+from rlvr_jax._aggregation import as_mask, check_choice, mean_metric, token_advantages
 from rlvr_jax._objectives import Batch, common_options, require, run_objective
 
 sg = jax.lax.stop_gradient
@@ -195,246 +193,31 @@ def sapo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
   return run_objective("sapo_objective", policy, b, mode=loss_agg_mode, opts=opts)
 
 
-def clip_cov_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
-                       ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
-                       clip_low=0.2, clip_high=0.28, clip_cov_ratio=2e-4, cov_low=1.0,
-                       cov_high=5.0, scope="step", cov_stats=None, noise=None, key=None,
-                       loss_agg_mode="token_mean", **options):  # fmt: skip
-  """Clip-Cov (The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617; §3.7).
+def copo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                   ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                   global_advantages=None, local_weight=None, clip_low=0.2, clip_high=0.2,
+                   dual_clip=3.0, loss_agg_mode="seq_mean_token_mean", **options):  # fmt: skip
+  """COPO blend (arXiv 2508.04138, METHODS.md §2.9): l = (1 - w) l_PPO(A_glob) + w l_PPO(A_loc).
 
-  PPO-clip without dual clip, except that k = max(1, floor(kappa N)) random tokens among those with
-  cov_low < (A - mean A)(logp - mean logp) < cov_high (and not PPO-clipped) get loss 0 (they stay
-  in N_tok). Extra inputs: ``noise`` [B, T] uniform (one draw per token of the step batch; at
-  'micro' scope a ``key`` may be given instead) and, at 'step' scope, ``cov_stats`` =
-  ``losses.clip_cov_stats`` over the step batch.
+  ``advantages`` is the local (GRPO) advantage A_loc; extra inputs ``global_advantages`` A_glob and
+  ``local_weight`` w ([B, T] or [B]; ``advantages.copo_advantages`` fields, rows group-ordered).
+  Both terms share the ratio: eps 0.2/0.2, dual clip c = 3, ``seq_mean_token_mean``. Clip metrics
+  are those of the dominant term (w >= 0.5: local).
   """
   b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
             sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  name = "clip_cov_objective"
-  if noise is None and key is not None and scope == "micro":
-    noise = jax.random.uniform(key, jnp.shape(logp))
-  noise = require(noise, "noise [B, T] (uniform per token) or, at scope='micro', a key", name)
-  kw = dict(clip_low=clip_low, clip_high=clip_high, cov_low=cov_low, cov_high=cov_high)
-  lp = sg(logp)
-  stats = _stat(
-    name,
-    scope,
-    cov_stats,
-    "cov_stats",
-    lambda: sel.clip_cov_stats(
-      lp, old_logp, advantages, completion_mask, noise, clip_cov_ratio=clip_cov_ratio, **kw
-    ),
-  )
-  zeroed = sel.clip_cov_mask(lp, old_logp, advantages, completion_mask, noise, stats, **kw)
-  extra = {"select/frac": mean_metric(zeroed.astype(jnp.float32), as_mask(completion_mask))}
-  return _ppo(name, b, options, mode=loss_agg_mode, token_weights=1.0 - zeroed, extra=extra,
-              clip_low=clip_low, clip_high=clip_high)  # fmt: skip
-
-
-def kl_cov_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
-                     ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
-                     kl_cov_ratio=2e-4, kl_cov_coef=1.0, scope="step", cov_stats=None,
-                     loss_agg_mode="token_mean", **options):  # fmt: skip
-  """KL-Cov (arXiv 2505.22617; §3.7): unclipped -A r everywhere, plus beta |logp - old_logp| on the
-  top-k covariance tokens (k = max(1, floor(kappa N))). The subgradient of |.| at 0 is pinned to 0.
-  At 'step' scope pass ``cov_stats`` = ``losses.kl_cov_stats`` over the step batch.
-  """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  name = "kl_cov_objective"
-  lp = sg(logp)
-  stats = _stat(
-    name,
-    scope,
-    cov_stats,
-    "cov_stats",
-    lambda: sel.kl_cov_stats(lp, advantages, completion_mask, kl_cov_ratio=kl_cov_ratio),
-  )
-  chosen = sel.kl_cov_mask(lp, advantages, completion_mask, stats)
+  name = "copo_objective"
+  shape = jnp.shape(logp)
+  a_glob = token_advantages(require(global_advantages, "global_advantages", name), shape)
+  w = token_advantages(require(local_weight, "local_weight (w of the local term)", name), shape)
+  kw = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
 
   def policy(x):
-    loss, info = sur.policy_gradient_loss(x, old_logp, advantages)
-    delta = log_ratio(x, old_logp)
-    return jnp.where(chosen, loss + kl_cov_coef * delta * sg(jnp.sign(delta)), loss), info
+    loss_loc, info_loc = sur.ppo_clip_loss(x, old_logp, advantages, **kw)
+    loss_glob, info_glob = sur.ppo_clip_loss(x, old_logp, a_glob, **kw)
+    info = {k: jnp.where(w >= 0.5, info_loc[k], info_glob[k]) for k in info_loc}
+    return (1.0 - sg(w)) * loss_glob + sg(w) * loss_loc, info
 
-  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(completion_mask))}
+  extra = {"copo/local_weight_mean": mean_metric(w, as_mask(completion_mask))}
   opts = common_options(name, options)
   return run_objective(name, policy, b, mode=loss_agg_mode, opts=opts, extra_metrics=extra)
-
-
-def high_entropy_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
-                           ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
-                           top_entropy_frac=0.2, clip_low=0.2, clip_high=0.28, dual_clip=10.0,
-                           normalize_by="selected", scope="step", entropy_threshold=None,
-                           loss_agg_mode="token_mean", **options):  # fmt: skip
-  """80/20 high-entropy token selection (arXiv 2506.01939; §3.8): the PPO loss on the top
-  rho = ``top_entropy_frac`` tokens by sg(entropy). ``normalize_by='selected'`` (official code)
-  divides by ceil(rho N_tok) (the number selected by an exact top-k), ``'all'`` (TRL) by N_tok.
-  At 'step' scope pass ``entropy_threshold`` = ``losses.high_entropy_threshold`` over the step.
-  """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  name = "high_entropy_objective"
-  check_choice("normalize_by", normalize_by, ("selected", "all"))
-  h = require(entropy, "entropy [B, T] to select high-entropy tokens", name)
-  thr = _stat(name, scope, entropy_threshold, "entropy_threshold", lambda: sel.high_entropy_threshold(
-    h, completion_mask, top_entropy_frac=top_entropy_frac))  # fmt: skip
-  chosen = sel.high_entropy_mask(h, completion_mask, thr)
-  n_policy = None
-  if normalize_by == "selected":
-    n_policy = jnp.ceil(top_entropy_frac * jnp.asarray(num_tokens, jnp.float32))
-  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(completion_mask))}
-  return _ppo(name, b, options, mode=loss_agg_mode, token_weights=chosen.astype(jnp.float32),
-              policy_num_tokens=n_policy, extra=extra, clip_low=clip_low, clip_high=clip_high,
-              dual_clip=dual_clip)  # fmt: skip
-
-
-def steer_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
-                    ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
-                    steer_mode="exp", weight_min=0.8, weight_max=1.2, clip_low=0.2,
-                    clip_high=0.28, dual_clip=10.0, scope="step", omega_range=None,
-                    loss_agg_mode="token_mean", **options):  # fmt: skip
-  """STEER entropy-change-aware reweighting (arXiv 2510.10150; §3.9): PPO loss times w(Omega).
-  At 'step' scope pass ``omega_range`` = (min, max) of Omega over the step batch
-  (``losses.steer_omega_range`` of ``losses.steer_omega``).
-  """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  name = "steer_objective"
-  h = require(entropy, "entropy [B, T] for the entropy-change weights", name)
-  omega = sel.steer_omega(sg(logp), old_logp, advantages, h)
-  lo, hi = _stat(name, scope, omega_range, "omega_range", lambda: sel.steer_omega_range(
-    omega, completion_mask))  # fmt: skip
-  w = sel.steer_weights(omega, omega_min=lo, omega_max=hi, mode=steer_mode,
-                        weight_min=weight_min, weight_max=weight_max)  # fmt: skip
-  extra = {"steer/weight_mean": mean_metric(w, as_mask(completion_mask))}
-  return _ppo(name, b, options, mode=loss_agg_mode, token_weights=w, extra=extra,
-              clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)  # fmt: skip
-
-
-def lp_reg_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
-                     ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
-                     proxy_logp=None, lp_reg_frac=0.01, lp_reg_coef=1.0, lp_reg_clamp=10.0,
-                     clip_low=1.0, clip_high=9.0, scope="step", lp_threshold=None,
-                     loss_agg_mode="token_mean", **options):  # fmt: skip
-  """Lp-Reg (arXiv 2510.03222; §4.5): on the selected low-probability negative tokens S,
-  l = -A r + beta k3(logp, proxy_logp) (no clip); elsewhere PPO-clip without dual clip
-  (script defaults eps 1.0/9.0, i.e. r in [0, 10]). Extra inputs: ``proxy_logp`` [B, T]
-  (``regularizers.min_p_proxy_logp``) and, at 'step' scope, ``lp_threshold`` =
-  ``regularizers.lp_reg_threshold`` over the step batch.
-  """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  name = "lp_reg_objective"
-  proxy = require(proxy_logp, "proxy_logp [B, T] (regularizers.min_p_proxy_logp)", name)
-  thr = _stat(name, scope, lp_threshold, "lp_threshold", lambda: reg.lp_reg_threshold(
-    sg(logp), advantages, completion_mask, lp_reg_frac=lp_reg_frac))  # fmt: skip
-  chosen = reg.lp_reg_mask(sg(logp), proxy, advantages, completion_mask, thr)
-  adv = token_advantages(advantages, jnp.shape(logp))
-
-  def policy(x):
-    clipped, info = sur.ppo_clip_loss(x, old_logp, adv, clip_low=clip_low, clip_high=clip_high)
-    pulled = -adv * jnp.exp(log_ratio(x, old_logp))
-    pulled = pulled + lp_reg_coef * reg.lp_reg_penalty(x, proxy, clamp=lp_reg_clamp)
-    info = {k: v & ~chosen for k, v in info.items()}
-    return jnp.where(chosen, pulled, clipped), info
-
-  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(completion_mask))}
-  opts = common_options(name, options)
-  return run_objective(name, policy, b, mode=loss_agg_mode, opts=opts, extra_metrics=extra)
-
-
-def siren_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
-                    ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
-                    siren_anchor=None, siren_coef=0.005, siren_quantile=0.8,
-                    siren_selected_entropy=None, nucleus_entropy=None, clip_low=0.28,
-                    clip_high=0.28, loss_agg_mode="seq_mean_token_sum_norm",
-                    **options):  # fmt: skip
-  """SIREN (arXiv 2509.25133; §4.4): PPO-clip 0.28/0.28 (Dr.GRPO aggregation, needs
-  ``seq_norm_constant``) plus lambda (H_sel - anchor)^2 over per-sequence peak-entropy tokens.
-  ``nucleus_entropy`` (differentiable top-p entropy; defaults to ``entropy``), ``siren_anchor``
-  (frozen at step 1) and, with micro-batching, ``siren_selected_entropy`` (the step's H_sel).
-  """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  name = "siren_objective"
-  h = require(entropy if nucleus_entropy is None else nucleus_entropy, "nucleus_entropy", name)
-  anchor = require(siren_anchor, "siren_anchor (H_sel of the first rollout batch)", name)
-  penalty, h_sel = reg.siren_penalty(
-    h, completion_mask, anchor=anchor, num_tokens=num_tokens, num_seqs=num_seqs, coef=siren_coef,
-    quantile=siren_quantile, selected_entropy=siren_selected_entropy,
-  )  # fmt: skip
-  n_valid = jnp.sum(as_mask(completion_mask))
-  num = jnp.asarray(num_tokens, jnp.float32)
-  extra = {"siren/selected_entropy": (sg(h_sel) * num, n_valid),
-           "loss/siren": (sg(penalty) * num, n_valid)}  # fmt: skip
-  loss, metrics = _ppo(name, b, options, mode=loss_agg_mode, extra=extra, clip_low=clip_low,
-                       clip_high=clip_high)  # fmt: skip
-  metrics["loss/total"] = (metrics["loss/total"][0] + sg(penalty) * num, n_valid)
-  return loss + penalty, metrics
-
-
-OBJECTIVES = {
-  "ppo": ppo_objective,
-  "grpo": grpo_objective,
-  "dr_grpo": dr_grpo_objective,
-  "dapo": dapo_objective,
-  "lite_ppo": lite_ppo_objective,
-  "riskpo": riskpo_objective,
-  "gppo": gppo_objective,
-  "gspo": gspo_objective,
-  "gmpo": gmpo_objective,
-  "cispo": cispo_objective,
-  "sapo": sapo_objective,
-  "clip_cov": clip_cov_objective,
-  "kl_cov": kl_cov_objective,
-  "high_entropy": high_entropy_objective,
-  "steer": steer_objective,
-  "lp_reg": lp_reg_objective,
-  "siren": siren_objective,
-}
-
-
-def step_statistics(name, logp, old_logp, advantages, completion_mask, *, num_tokens=None,
-                    num_seqs=None, entropy=None, noise=None, proxy_logp=None,
-                    **hyperparameters) -> dict:  # fmt: skip
-  """The extra keyword arguments objective ``name`` needs at 'step' scope, computed over the WHOLE
-  step batch (call it once per step, jitted, before the accumulation loop, with no gradient, and
-  pass the result to every micro-batch call). ``logp`` is the current policy's log-prob from that
-  pre-pass (old_logp is a rollout-time approximation). Returns {} for objectives without step
-  statistics. ``hyperparameters`` are the objective's own (unused ones are ignored).
-  """
-  hp = hyperparameters
-  lp = sg(jnp.asarray(logp, jnp.float32))
-  if name == "clip_cov":
-    kw = {k: hp[k] for k in ("clip_cov_ratio", "cov_low", "cov_high", "clip_low", "clip_high")
-          if k in hp}  # fmt: skip
-    noise = require(noise, "noise [B, T]", "step_statistics('clip_cov')")
-    return {"cov_stats": sel.clip_cov_stats(lp, old_logp, advantages, completion_mask, noise, **kw)}
-  if name == "kl_cov":
-    kw = {"kl_cov_ratio": hp.get("kl_cov_ratio", 2e-4)}
-    return {"cov_stats": sel.kl_cov_stats(lp, advantages, completion_mask, **kw)}
-  if name == "high_entropy":
-    h = require(entropy, "entropy", "step_statistics('high_entropy')")
-    thr = sel.high_entropy_threshold(
-      h, completion_mask, top_entropy_frac=hp.get("top_entropy_frac", 0.2)
-    )
-    return {"entropy_threshold": thr}
-  if name == "steer":
-    h = require(entropy, "entropy", "step_statistics('steer')")
-    omega = sel.steer_omega(lp, old_logp, advantages, h)
-    return {"omega_range": sel.steer_omega_range(omega, completion_mask)}
-  if name == "lp_reg":
-    thr = reg.lp_reg_threshold(lp, advantages, completion_mask,
-                               lp_reg_frac=hp.get("lp_reg_frac", 0.01))  # fmt: skip
-    return {"lp_threshold": thr}
-  if name == "siren":
-    h = require(hp.get("nucleus_entropy", entropy), "nucleus_entropy", "step_statistics('siren')")
-    _, h_sel = reg.siren_penalty(
-      sg(h), completion_mask, anchor=0.0, num_tokens=num_tokens, num_seqs=num_seqs,
-      quantile=hp.get("siren_quantile", 0.8),
-    )  # fmt: skip
-    return {"siren_selected_entropy": h_sel}
-  if name not in OBJECTIVES:
-    raise ValueError(f"unknown objective {name!r}; known: {sorted(OBJECTIVES)}")
-  return {}

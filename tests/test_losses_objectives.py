@@ -39,6 +39,8 @@ def _batch(seed=0):
     entropy=rng.uniform(0.0, 3.0, (B, T)),
     noise=rng.uniform(size=(B, T)),
     proxy_logp=logp + rng.normal(0.5, 0.5, (B, T)),
+    global_advantages=np.repeat(rng.normal(size=(B, 1)), T, 1),
+    local_weight=np.repeat(rng.uniform(size=(B, 1)), T, 1),
   )
 
 
@@ -71,6 +73,8 @@ def _one(name, d, sd):
     hyper["noise"] = d["noise"]
   if name == "lp_reg":
     hyper["proxy_logp"] = d["proxy_logp"]
+  if name == "copo":
+    hyper.update(global_advantages=d["global_advantages"], local_weight=d["local_weight"])
 
   def fn(logp, entropy):
     return losses.OBJECTIVES[name](
@@ -102,7 +106,8 @@ def _jnp(data):
 
 def test_registry_has_the_recipes_with_one_signature():
   wanted = {"grpo", "dr_grpo", "dapo", "gspo", "gmpo", "cispo", "gppo", "sapo", "lite_ppo",
-            "clip_cov", "kl_cov", "high_entropy", "steer", "lp_reg", "riskpo"}  # fmt: skip
+            "clip_cov", "kl_cov", "high_entropy", "steer", "lp_reg", "riskpo", "copo",
+            "siren"}  # fmt: skip
   assert wanted <= set(losses.OBJECTIVES)
   for name, fn in losses.OBJECTIVES.items():
     params = inspect.signature(fn).parameters
@@ -184,6 +189,20 @@ def test_cov_objectives_golden():
   np.testing.assert_allclose(grad, -a / 6 * np.array([[0, 1, 1, 1, 0, 1]]), atol=1e-6)
   np.testing.assert_allclose(met["select/frac"], 2 / 6, atol=1e-6)
   np.testing.assert_allclose(met["grad_frac/tokens"], 4 / 6, atol=1e-6)
+
+
+def test_copo_blend_of_two_ppo_terms():
+  d = _batch(6)
+  m = d["completion_mask"]
+  common = (d["logp"], d["old_logp"], d["advantages"], m)
+  a_glob = d["global_advantages"][:, 0]
+  for w in (0.0, 1.0, 0.3):
+    got, grad, _ = _obj("copo", *common, global_advantages=_f32(a_glob),
+                        local_weight=_f32(np.full(B, w)))  # fmt: skip
+    parts = [_obj("lite_ppo", d["logp"], d["old_logp"], a, m, loss_agg_mode="seq_mean_token_mean")
+             for a in (a_glob, d["advantages"])]  # fmt: skip
+    np.testing.assert_allclose(got, (1 - w) * parts[0][0] + w * parts[1][0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad, (1 - w) * parts[0][1] + w * parts[1][1], atol=1e-7)
 
 
 def test_steer_and_cispo_objectives_golden():
