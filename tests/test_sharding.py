@@ -114,3 +114,28 @@ def test_sharded_cached_decode_and_reshard():
   out, new_cache = jax.jit(run, donate_argnums=1)(sample, cache)
   assert int(new_cache.index) == 6
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=1e-5)
+
+
+def test_init_and_load_straight_into_shardings(tmp_path):
+  """init_params / load_hf / abstract_params with shardings give arrays already laid out."""
+  from rlvr_jax.model import abstract_params, export_hf, load_hf
+
+  config, params, tokens, positions = _setup("qwen3")
+  mesh = S.make_mesh(1, 4, 2)
+  shardings = param_shardings(config, mesh, S.TRAIN_RULES)
+  fresh = init_params(config, jax.random.key(0), shardings=shardings)
+  assert fresh["layers"]["w_up"].sharding == shardings["layers"]["w_up"]
+  assert fresh["layers"]["w_up"].sharding.spec == P(None, "fsdp", "tensor")
+  np.testing.assert_array_equal(np.asarray(fresh["embed"]), np.asarray(params["embed"]))
+  target = abstract_params(config, shardings)
+  assert target["layers"]["wq"].shape == params["layers"]["wq"].shape
+  assert target["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor", None)
+
+  export_hf(params, config, tmp_path / "ckpt")
+  loaded, _ = load_hf(tmp_path / "ckpt", mesh=mesh)
+  for (path, a), b in zip(
+    jax.tree_util.tree_leaves_with_path(loaded), jax.tree.leaves(shardings), strict=True
+  ):
+    assert a.sharding == b, path
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
