@@ -36,10 +36,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-DEFAULT_CHUNK_SIZE = 256
+DEFAULT_CHUNK_SIZE = 1024
+DEFAULT_VOCAB_CHUNK_SIZE = 8192
 
 __all__ = [
   "DEFAULT_CHUNK_SIZE",
+  "DEFAULT_VOCAB_CHUNK_SIZE",
   "TokenStats",
   "token_logprobs_from_hidden",
   "token_logprobs_from_logits",
@@ -85,57 +87,110 @@ def _chunk_stats(z, y, want_entropy, want_mean):
   return logp, lse, entropy, mu
 
 
-def _chunk_dz(z, y, lse, entropy, g_logp, g_entropy, g_mu):
-  """Cotangent w.r.t. the tempered logits z [C, V] from per-token cotangents [C]."""
+def _chunk_dz(z, cols, y, lse, entropy, g_logp, g_entropy, g_mu, vocab_size):
+  """Cotangent w.r.t. tempered logits z [C, Vb] (vocabulary columns `cols` [Vb]) from [C] cotangents."""
   log_p = z - lse[:, None]
   p = jnp.exp(log_p)
-  onehot = jnp.arange(z.shape[-1], dtype=y.dtype)[None, :] == y[:, None]
+  onehot = cols[None, :] == y[:, None]
   # Σ of the three rules of the module docstring, grouped so the −p terms share one product.
   coef = g_logp + g_mu
-  dz = jnp.where(onehot, g_logp[:, None], 0.0) + g_mu[:, None] / z.shape[-1]
-  dz = dz - p * (coef[:, None] + g_entropy[:, None] * (log_p + entropy[:, None]))
-  return dz
+  dz = jnp.where(onehot, g_logp[:, None], 0.0) + g_mu[:, None] / vocab_size
+  return dz - p * (coef[:, None] + g_entropy[:, None] * (log_p + entropy[:, None]))
 
 
 # ----------------------------------------------------------------------------------------------
-# From hidden states: custom VJP with per-chunk recomputation.
+# From hidden states: custom VJP with per-chunk recomputation. Tokens are split into chunks of C
+# rows and the vocabulary into blocks of Vb columns; the forward pass folds blocks into running
+# (max, Σe, Σe·(z − max)) statistics (online logsumexp), the backward pass recomputes each
+# [C, Vb] block and adds its contribution to dhidden and, in place, to its columns of dunembed.
 
 
 def _hidden_logits(h, w, inv_tau):
   return jnp.dot(h, w, preferred_element_type=jnp.float32) * inv_tau
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _hidden_stats(h, w, y, inv_tau, want_entropy, want_mean):
+def _vocab_blocks(vocab_size, block):
+  """(index, start column) of ceil(V / Vb) blocks; the last one is shifted back to fit inside V.
+
+  Columns of the shifted block that an earlier block already covered are "stale": they are
+  excluded (col < index * Vb), so every column is counted exactly once.
+  """
+  index = jnp.arange(-(-vocab_size // block))
+  return index, jnp.minimum(index * block, vocab_size - block)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _hidden_stats(h, w, y, inv_tau, vblock, want_entropy, want_mean):
   """h [n, C, D], w [D, V], y [n, C] -> (logp, entropy, mu), each [n, C] float32."""
-  out, _ = _hidden_stats_fwd(h, w, y, inv_tau, want_entropy, want_mean)
+  out, _ = _hidden_stats_fwd(h, w, y, inv_tau, vblock, want_entropy, want_mean)
   return out
 
 
-def _hidden_stats_fwd(h, w, y, inv_tau, want_entropy, want_mean):
+def _hidden_stats_fwd(h, w, y, inv_tau, vblock, want_entropy, want_mean):
+  vocab_size = w.shape[1]
+
   def one_chunk(args):
     h_c, y_c = args
-    return _chunk_stats(_hidden_logits(h_c, w, inv_tau), y_c, want_entropy, want_mean)
+
+    def one_block(carry, block):
+      m, s, a, z_y, z_sum = carry
+      index, start = block
+      z = _hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
+      cols = start + jnp.arange(vblock)
+      fresh = (cols >= index * vblock)[None, :]
+      new_m = jnp.maximum(m, jnp.max(jnp.where(fresh, z, -jnp.inf), axis=-1))
+      scale = jnp.exp(m - new_m)
+      shifted = z - new_m[:, None]
+      e = jnp.where(fresh, jnp.exp(shifted), 0.0)
+      s_new = s * scale + jnp.sum(e, axis=-1)
+      if want_entropy:  # a = Σ e·(z − m), rescaled to the new running max
+        a = scale * (a + (m - new_m) * s) + jnp.sum(e * shifted, axis=-1)
+      z_y = z_y + jnp.sum(jnp.where(fresh & (cols[None, :] == y_c[:, None]), z, 0.0), axis=-1)
+      if want_mean:
+        z_sum = z_sum + jnp.sum(jnp.where(fresh, z, 0.0), axis=-1)
+      return (new_m, s_new, a, z_y, z_sum), None
+
+    zeros = jnp.zeros(y_c.shape, jnp.float32)
+    init = (jnp.full(y_c.shape, -1e30, jnp.float32), zeros, zeros, zeros, zeros)
+    (m, s, a, z_y, z_sum), _ = jax.lax.scan(one_block, init, _vocab_blocks(vocab_size, vblock))
+    log_s = jnp.log(s)
+    lse = m + log_s
+    entropy = log_s - a / s if want_entropy else zeros
+    mu = z_sum / vocab_size - lse if want_mean else zeros
+    return z_y - lse, lse, entropy, mu
 
   logp, lse, entropy, mu = jax.lax.map(one_chunk, (h, y))
   return (logp, entropy, mu), (h, w, y, inv_tau, lse, entropy)
 
 
-def _hidden_stats_bwd(want_entropy, want_mean, residuals, cotangents):
+def _hidden_stats_bwd(vblock, want_entropy, want_mean, residuals, cotangents):
   h, w, y, inv_tau, lse, entropy = residuals
   g_logp, g_entropy, g_mu = cotangents
   if not want_entropy:
     g_entropy = jnp.zeros_like(g_logp)
   if not want_mean:
     g_mu = jnp.zeros_like(g_logp)
+  vocab_size = w.shape[1]
 
-  def one_chunk(dw_acc, args):
+  def one_chunk(dw, args):
     h_c, y_c, lse_c, ent_c, gl_c, ge_c, gm_c = args
-    z = _hidden_logits(h_c, w, inv_tau)
-    dz = _chunk_dz(z, y_c, lse_c, ent_c, gl_c, ge_c, gm_c) * inv_tau  # d/d(h @ w)
-    dh_c = jnp.dot(dz, w.T, preferred_element_type=jnp.float32).astype(h.dtype)
-    dw_acc = dw_acc + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
-    return dw_acc, dh_c
+
+    def one_block(carry, block):
+      dw, dh_c = carry
+      index, start = block
+      w_b = jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1)
+      z = _hidden_logits(h_c, w_b, inv_tau)
+      cols = start + jnp.arange(vblock)
+      dz = _chunk_dz(z, cols, y_c, lse_c, ent_c, gl_c, ge_c, gm_c, vocab_size)
+      dz = jnp.where((cols >= index * vblock)[None, :], dz * inv_tau, 0.0)  # d/d(h @ w)
+      dh_c = dh_c + jnp.dot(dz, w_b.T, preferred_element_type=jnp.float32)
+      dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
+      dw_b = dw_b + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
+      return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
+
+    dh0 = jnp.zeros(h_c.shape, jnp.float32)
+    (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), _vocab_blocks(vocab_size, vblock))
+    return dw, dh_c.astype(h.dtype)
 
   dw0 = jnp.zeros(w.shape, jnp.float32)
   xs = (h, y, lse, entropy, g_logp, g_entropy, g_mu)
@@ -192,7 +247,10 @@ def _logits_stats_bwd(chunk, want_entropy, want_mean, residuals, cotangents):
   def one_chunk(dlogits, start):
     sl = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk)
     z = sl(logits).astype(jnp.float32) * inv_tau
-    dz = _chunk_dz(z, sl(y), sl(lse), sl(entropy), sl(g_logp), sl(g_entropy), sl(g_mu))
+    cols = jnp.arange(z.shape[-1])
+    dz = _chunk_dz(
+      z, cols, sl(y), sl(lse), sl(entropy), sl(g_logp), sl(g_entropy), sl(g_mu), z.shape[-1]
+    )
     dz = (dz * inv_tau).astype(logits.dtype)
     return jax.lax.dynamic_update_slice_in_dim(dlogits, dz, start, 0), None
 
@@ -233,6 +291,7 @@ def token_stats_from_hidden(
   *,
   temperature: float | jax.Array = 1.0,
   chunk_size: int = DEFAULT_CHUNK_SIZE,
+  vocab_chunk_size: int | None = DEFAULT_VOCAB_CHUNK_SIZE,
   compute_entropy: bool = True,
   compute_mean_log_softmax: bool = False,
 ) -> TokenStats:
@@ -243,7 +302,9 @@ def token_stats_from_hidden(
     unembed: [D, V] unembedding matrix (the transposed HF `lm_head.weight`).
     tokens: [B, T] integer ids y whose log-prob is wanted (the next tokens).
     temperature: τ > 0, the sampling temperature (a constant: no gradient flows to it).
-    chunk_size: tokens per chunk; the largest temporaries are a few [chunk_size, V] float32 buffers.
+    chunk_size: tokens per chunk (C).
+    vocab_chunk_size: vocabulary columns per block (Vb; None: the whole vocabulary). The largest
+      temporaries are a few [C, Vb] float32 blocks plus the [D, V] float32 gradient of `unembed`.
     compute_entropy: also return H (differentiable).
     compute_mean_log_softmax: also return μ (differentiable).
 
@@ -258,6 +319,12 @@ def token_stats_from_hidden(
     )
   if not jnp.issubdtype(unembed.dtype, jnp.floating):
     raise TypeError(f"unembed must be floating point, got dtype {unembed.dtype}")
+  if vocab_chunk_size is not None and (
+    not isinstance(vocab_chunk_size, int)
+    or isinstance(vocab_chunk_size, bool)
+    or vocab_chunk_size < 1
+  ):
+    raise ValueError(f"vocab_chunk_size must be a positive int or None, got {vocab_chunk_size!r}")
   lead, d, v = tokens.shape, hidden.shape[-1], unembed.shape[-1]
   h = hidden.reshape(-1, d)
   y = jnp.clip(tokens.reshape(-1), 0, v - 1).astype(jnp.int32)
@@ -268,8 +335,9 @@ def token_stats_from_hidden(
   h = jnp.pad(h, ((0, pad), (0, 0))).reshape(num_chunks, chunk, d)
   y = jnp.pad(y, (0, pad)).reshape(num_chunks, chunk)
   inv_tau = _inv_temperature(temperature)
+  vblock = v if vocab_chunk_size is None else min(vocab_chunk_size, v)
   logp, entropy, mu = _hidden_stats(
-    h, unembed, y, inv_tau, compute_entropy, compute_mean_log_softmax
+    h, unembed, y, inv_tau, vblock, compute_entropy, compute_mean_log_softmax
   )
   unpad = lambda a: a.reshape(-1)[:n].reshape(lead)
   return TokenStats(
@@ -324,6 +392,7 @@ def token_logprobs_from_hidden(
   *,
   temperature: float | jax.Array = 1.0,
   chunk_size: int = DEFAULT_CHUNK_SIZE,
+  vocab_chunk_size: int | None = DEFAULT_VOCAB_CHUNK_SIZE,
   compute_entropy: bool = True,
 ) -> tuple[jax.Array, jax.Array | None]:
   """(logp [B, T], entropy [B, T] or None) from hidden [B, T, D] and unembed [D, V].
@@ -336,6 +405,7 @@ def token_logprobs_from_hidden(
     tokens,
     temperature=temperature,
     chunk_size=chunk_size,
+    vocab_chunk_size=vocab_chunk_size,
     compute_entropy=compute_entropy,
   )
   return stats.logp, stats.entropy
