@@ -136,7 +136,14 @@ def _generate(
   max_new_tokens: int,
   pad_id: int,
 ) -> Rollout:
+  """The jitted body of ``generate``: prompts [P, S] (bucketed), prompt_ids [P], typed key [],
+  stop_tokens [n_stop] (-1 = unused slot) -> Rollout of B = P * G rows."""
   P, S = prompt_tokens.shape
+  if prompt_mask.shape != (P, S) or prompt_ids.shape != (P,) or stop_tokens.ndim != 1:
+    raise ValueError(
+      f"prompt_tokens {prompt_tokens.shape}, prompt_mask {prompt_mask.shape}, prompt_ids "
+      f"{prompt_ids.shape}, stop_tokens {stop_tokens.shape}: expected [P, S], [P, S], [P], [n]"
+    )
   G, T = num_samples, max_new_tokens
   B = P * G
   tokens0 = _constrain_rows(jnp.repeat(prompt_tokens, G, axis=0))
