@@ -93,6 +93,31 @@ class Batch(NamedTuple):
   mean_log_softmax: jax.Array | None = None
 
 
+def make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp=None,
+               sampler_logp=None, entropy=None, mean_log_softmax=None) -> Batch:  # fmt: skip
+  """Checks the shapes and returns a Batch of float32 [B, T] arrays with every masked entry set
+  to 0, so padding (or NaN / -inf written there by a sampler or a failed reward) can never reach a
+  value or a gradient (a `where` alone does not stop a NaN gradient, 0 * NaN = NaN)."""
+  shape = check_batch(
+    Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+          sampler_logp, entropy, mean_log_softmax)
+  )  # fmt: skip
+  valid = as_mask(completion_mask) > 0
+  clean = lambda x: None if x is None else jnp.where(valid, jnp.asarray(x, jnp.float32), 0.0)
+  return Batch(
+    clean(logp), clean(old_logp), clean(token_advantages(advantages, shape)), completion_mask,
+    num_tokens, num_seqs, clean(ref_logp), clean(sampler_logp), clean(entropy),
+    clean(mean_log_softmax),
+  )  # fmt: skip
+
+
+def clean_input(batch: Batch, x: jax.Array, name: str) -> jax.Array:
+  """An extra per-token input ([B, T], or [B] broadcast) checked and zeroed off the mask."""
+  shape = check_tokens(logp=batch.logp, **{name: x}) if jnp.ndim(x) == 2 else jnp.shape(batch.logp)
+  x = token_advantages(x, shape) if jnp.ndim(x) == 1 else jnp.asarray(x, jnp.float32)
+  return jnp.where(as_mask(batch.completion_mask) > 0, x, 0.0)
+
+
 def _active(coef) -> bool:
   """A coefficient is active unless it is a Python / concrete zero (tracers count as active)."""
   if isinstance(coef, jax.core.Tracer):

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax import _surrogates as sur
-from rlvr_jax._aggregation import as_mask, check_choice, mean_metric, token_advantages
-from rlvr_jax._objectives import Batch, common_options, require, run_objective
+from rlvr_jax._aggregation import as_mask, check_choice, mean_metric
+from rlvr_jax._objectives import clean_input, common_options, make_batch, require, run_objective
 
 sg = jax.lax.stop_gradient
 SCOPES = ("step", "micro")
@@ -57,8 +57,8 @@ def ppo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, nu
                   clip_low=0.2, clip_high=0.2, dual_clip=None, ratio_cap=None,
                   loss_agg_mode="token_mean", **options):  # fmt: skip
   """Generic PPO-clip (arXiv 1707.06347) with optional clip-higher, dual clip and ratio cap."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   return _ppo("ppo_objective", b, options, mode=loss_agg_mode, clip_low=clip_low,
               clip_high=clip_high, dual_clip=dual_clip, ratio_cap=ratio_cap)  # fmt: skip
 
@@ -72,8 +72,8 @@ def grpo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
   The paper's KL (beta = 0.04) is off by default (``kl_coef=0``, as in TRL and DAPO); when on, the
   default KL estimator has the correct gradient (value k3, gradient k2).
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   return _ppo("grpo_objective", b, options, mode=loss_agg_mode, clip_low=clip_low,
               clip_high=clip_high, dual_clip=dual_clip)  # fmt: skip
 
@@ -87,8 +87,8 @@ def dr_grpo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens
   Requires ``seq_norm_constant`` = C (the maximum response length, a run constant). Pair with the
   Dr.GRPO advantage (no std division).
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   return _ppo("dr_grpo_objective", b, options, mode=loss_agg_mode, clip_low=clip_low,
               clip_high=clip_high, dual_clip=dual_clip)  # fmt: skip
 
@@ -98,8 +98,8 @@ def dapo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
                    clip_low=0.2, clip_high=0.28, dual_clip=10.0, loss_agg_mode="token_mean",
                    **options):  # fmt: skip
   """DAPO (arXiv 2503.14476): clip-higher eps 0.2/0.28, dual clip c = 10, ``token_mean``."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   return _ppo("dapo_objective", b, options, mode=loss_agg_mode, clip_low=clip_low,
               clip_high=clip_high, dual_clip=dual_clip)  # fmt: skip
 
@@ -112,8 +112,8 @@ def lite_ppo_objective(logp, old_logp, advantages, completion_mask, *, num_token
 
   Its advantage (group mean, batch std) comes from ``advantages``.
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   return _ppo("lite_ppo_objective", b, options, mode=loss_agg_mode, clip_low=clip_low,
               clip_high=clip_high, dual_clip=dual_clip)  # fmt: skip
 
@@ -125,8 +125,8 @@ def riskpo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens,
   """RiskPO policy loss (arXiv 2510.00911): the standard clipped surrogate (eps 0.2, c = 3,
   ``token_mean``, no KL, no entropy) applied to the mixed value-at-risk advantages computed by
   ``advantages`` (bundles, quantile tracker)."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   return _ppo("riskpo_objective", b, options, mode=loss_agg_mode, clip_low=clip_low,
               clip_high=clip_high, dual_clip=dual_clip)  # fmt: skip
 
@@ -136,8 +136,8 @@ def gppo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
                    clip_low=0.2, clip_high=0.28, dual_clip=3.0, loss_agg_mode="token_mean",
                    **options):  # fmt: skip
   """GPPO gradient-preserving clipping (Klear-Reasoner, arXiv 2508.07629), ``token_mean``."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   return _ppo("gppo_objective", b, options, mode=loss_agg_mode, clip_low=clip_low,
               clip_high=clip_high, dual_clip=dual_clip, gradient_preserving=True)  # fmt: skip
 
@@ -147,9 +147,9 @@ def gspo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
                    clip_low=3e-4, clip_high=4e-4, max_log_ratio=10.0,
                    loss_agg_mode="seq_mean_token_mean", **options):  # fmt: skip
   """GSPO sequence-level ratio (arXiv 2507.18071), eps 3e-4/4e-4, ``seq_mean_token_mean``."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  policy = lambda lp: sur.gspo_loss(lp, old_logp, advantages, completion_mask, clip_low=clip_low,
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  policy = lambda lp: sur.gspo_loss(lp, b.old_logp, b.advantages, b.completion_mask, clip_low=clip_low,
                                     clip_high=clip_high, max_log_ratio=max_log_ratio)  # fmt: skip
   opts = common_options("gspo_objective", options)
   return run_objective("gspo_objective", policy, b, mode=loss_agg_mode, opts=opts)
@@ -160,9 +160,9 @@ def gmpo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
                    clip_low=0.4, clip_high=0.4, loss_agg_mode="seq_mean_token_mean",
                    **options):  # fmt: skip
   """GMPO geometric-mean ratio (arXiv 2507.20673); LOG-space clip 0.4/0.4; mean over rows."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  policy = lambda lp: sur.gmpo_loss(lp, old_logp, advantages, completion_mask, clip_low=clip_low,
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  policy = lambda lp: sur.gmpo_loss(lp, b.old_logp, b.advantages, b.completion_mask, clip_low=clip_low,
                                     clip_high=clip_high)  # fmt: skip
   opts = common_options("gmpo_objective", options)
   return run_objective("gmpo_objective", policy, b, mode=loss_agg_mode, opts=opts)
@@ -173,9 +173,9 @@ def cispo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, 
                     weight_min=None, weight_max=5.0, loss_agg_mode="token_mean",
                     **options):  # fmt: skip
   """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(clip(r, w_min, w_max)) A logp, absolute bounds."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  policy = lambda lp: sur.cispo_loss(lp, old_logp, advantages, weight_min=weight_min,
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  policy = lambda lp: sur.cispo_loss(lp, b.old_logp, b.advantages, weight_min=weight_min,
                                      weight_max=weight_max)  # fmt: skip
   opts = common_options("cispo_objective", options)
   return run_objective("cispo_objective", policy, b, mode=loss_agg_mode, opts=opts)
@@ -186,9 +186,9 @@ def sapo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
                    tau_pos=1.0, tau_neg=1.05, loss_agg_mode="seq_mean_token_mean",
                    **options):  # fmt: skip
   """SAPO soft gate (arXiv 2511.20347): tau 1.0 / 1.05, ``seq_mean_token_mean``."""
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
-  policy = lambda lp: sur.sapo_loss(lp, old_logp, advantages, tau_pos=tau_pos, tau_neg=tau_neg)
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  policy = lambda lp: sur.sapo_loss(lp, b.old_logp, b.advantages, tau_pos=tau_pos, tau_neg=tau_neg)
   opts = common_options("sapo_objective", options)
   return run_objective("sapo_objective", policy, b, mode=loss_agg_mode, opts=opts)
 
@@ -204,20 +204,23 @@ def copo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, n
   Both terms share the ratio: eps 0.2/0.2, dual clip c = 3, ``seq_mean_token_mean``. Clip metrics
   are those of the dominant term (w >= 0.5: local).
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   name = "copo_objective"
-  shape = jnp.shape(logp)
-  a_glob = token_advantages(require(global_advantages, "global_advantages", name), shape)
-  w = token_advantages(require(local_weight, "local_weight (w of the local term)", name), shape)
+  a_glob = clean_input(
+    b, require(global_advantages, "global_advantages", name), "global_advantages"
+  )
+  w = clean_input(
+    b, require(local_weight, "local_weight (w of the local term)", name), "local_weight"
+  )
   kw = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
 
   def policy(x):
-    loss_loc, info_loc = sur.ppo_clip_loss(x, old_logp, advantages, **kw)
-    loss_glob, info_glob = sur.ppo_clip_loss(x, old_logp, a_glob, **kw)
+    loss_loc, info_loc = sur.ppo_clip_loss(x, b.old_logp, b.advantages, **kw)
+    loss_glob, info_glob = sur.ppo_clip_loss(x, b.old_logp, a_glob, **kw)
     info = {k: jnp.where(w >= 0.5, info_loc[k], info_glob[k]) for k in info_loc}
     return (1.0 - sg(w)) * loss_glob + sg(w) * loss_loc, info
 
-  extra = {"copo/local_weight_mean": mean_metric(w, as_mask(completion_mask))}
+  extra = {"copo/local_weight_mean": mean_metric(w, as_mask(b.completion_mask))}
   opts = common_options(name, options)
   return run_objective(name, policy, b, mode=loss_agg_mode, opts=opts, extra_metrics=extra)

@@ -15,7 +15,7 @@ from rlvr_jax import _selection as sel
 from rlvr_jax import _surrogates as sur
 from rlvr_jax import regularizers as reg
 from rlvr_jax._aggregation import as_mask, check_choice, log_ratio, mean_metric, token_advantages
-from rlvr_jax._objectives import Batch, common_options, require, run_objective
+from rlvr_jax._objectives import clean_input, common_options, make_batch, require, run_objective
 from rlvr_jax._recipes import _ppo, _stat
 
 sg = jax.lax.stop_gradient
@@ -34,25 +34,26 @@ def clip_cov_objective(logp, old_logp, advantages, completion_mask, *, num_token
   'micro' scope a ``key`` may be given instead) and, at 'step' scope, ``cov_stats`` =
   ``losses.clip_cov_stats`` over the step batch.
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   name = "clip_cov_objective"
   if noise is None and key is not None and scope == "micro":
-    noise = jax.random.uniform(key, jnp.shape(logp))
+    noise = jax.random.uniform(key, jnp.shape(b.logp))
   noise = require(noise, "noise [B, T] (uniform per token) or, at scope='micro', a key", name)
+  noise = clean_input(b, noise, "noise")
   kw = dict(clip_low=clip_low, clip_high=clip_high, cov_low=cov_low, cov_high=cov_high)
-  lp = sg(logp)
+  lp = sg(b.logp)
   stats = _stat(
     name,
     scope,
     cov_stats,
     "cov_stats",
     lambda: sel.clip_cov_stats(
-      lp, old_logp, advantages, completion_mask, noise, clip_cov_ratio=clip_cov_ratio, **kw
+      lp, b.old_logp, b.advantages, b.completion_mask, noise, clip_cov_ratio=clip_cov_ratio, **kw
     ),
   )
-  zeroed = sel.clip_cov_mask(lp, old_logp, advantages, completion_mask, noise, stats, **kw)
-  extra = {"select/frac": mean_metric(zeroed.astype(jnp.float32), as_mask(completion_mask))}
+  zeroed = sel.clip_cov_mask(lp, b.old_logp, b.advantages, b.completion_mask, noise, stats, **kw)
+  extra = {"select/frac": mean_metric(zeroed.astype(jnp.float32), as_mask(b.completion_mask))}
   return _ppo(name, b, options, mode=loss_agg_mode, token_weights=1.0 - zeroed, extra=extra,
               clip_low=clip_low, clip_high=clip_high)  # fmt: skip
 
@@ -65,25 +66,25 @@ def kl_cov_objective(logp, old_logp, advantages, completion_mask, *, num_tokens,
   top-k covariance tokens (k = max(1, floor(kappa N))). The subgradient of |.| at 0 is pinned to 0.
   At 'step' scope pass ``cov_stats`` = ``losses.kl_cov_stats`` over the step batch.
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   name = "kl_cov_objective"
-  lp = sg(logp)
+  lp = sg(b.logp)
   stats = _stat(
     name,
     scope,
     cov_stats,
     "cov_stats",
-    lambda: sel.kl_cov_stats(lp, advantages, completion_mask, kl_cov_ratio=kl_cov_ratio),
+    lambda: sel.kl_cov_stats(lp, b.advantages, b.completion_mask, kl_cov_ratio=kl_cov_ratio),
   )
-  chosen = sel.kl_cov_mask(lp, advantages, completion_mask, stats)
+  chosen = sel.kl_cov_mask(lp, b.advantages, b.completion_mask, stats)
 
   def policy(x):
-    loss, info = sur.policy_gradient_loss(x, old_logp, advantages)
-    delta = log_ratio(x, old_logp)
+    loss, info = sur.policy_gradient_loss(x, b.old_logp, b.advantages)
+    delta = log_ratio(x, b.old_logp)
     return jnp.where(chosen, loss + kl_cov_coef * delta * sg(jnp.sign(delta)), loss), info
 
-  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(completion_mask))}
+  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(b.completion_mask))}
   opts = common_options(name, options)
   return run_objective(name, policy, b, mode=loss_agg_mode, opts=opts, extra_metrics=extra)
 
@@ -98,18 +99,18 @@ def high_entropy_objective(logp, old_logp, advantages, completion_mask, *, num_t
   divides by ceil(rho N_tok) (the number selected by an exact top-k), ``'all'`` (TRL) by N_tok.
   At 'step' scope pass ``entropy_threshold`` = ``losses.high_entropy_threshold`` over the step.
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   name = "high_entropy_objective"
   check_choice("normalize_by", normalize_by, ("selected", "all"))
-  h = require(entropy, "entropy [B, T] to select high-entropy tokens", name)
+  h = require(b.entropy, "entropy [B, T] to select high-entropy tokens", name)
   thr = _stat(name, scope, entropy_threshold, "entropy_threshold", lambda: sel.high_entropy_threshold(
-    h, completion_mask, top_entropy_frac=top_entropy_frac))  # fmt: skip
-  chosen = sel.high_entropy_mask(h, completion_mask, thr)
+    h, b.completion_mask, top_entropy_frac=top_entropy_frac))  # fmt: skip
+  chosen = sel.high_entropy_mask(h, b.completion_mask, thr)
   n_policy = None
   if normalize_by == "selected":
     n_policy = jnp.ceil(top_entropy_frac * jnp.asarray(num_tokens, jnp.float32))
-  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(completion_mask))}
+  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(b.completion_mask))}
   return _ppo(name, b, options, mode=loss_agg_mode, token_weights=chosen.astype(jnp.float32),
               policy_num_tokens=n_policy, extra=extra, clip_low=clip_low, clip_high=clip_high,
               dual_clip=dual_clip)  # fmt: skip
@@ -124,16 +125,16 @@ def steer_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, 
   At 'step' scope pass ``omega_range`` = (min, max) of Omega over the step batch
   (``losses.steer_omega_range`` of ``losses.steer_omega``).
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   name = "steer_objective"
-  h = require(entropy, "entropy [B, T] for the entropy-change weights", name)
-  omega = sel.steer_omega(sg(logp), old_logp, advantages, h)
+  h = require(b.entropy, "entropy [B, T] for the entropy-change weights", name)
+  omega = sel.steer_omega(sg(b.logp), b.old_logp, b.advantages, h)
   lo, hi = _stat(name, scope, omega_range, "omega_range", lambda: sel.steer_omega_range(
-    omega, completion_mask))  # fmt: skip
+    omega, b.completion_mask))  # fmt: skip
   w = sel.steer_weights(omega, omega_min=lo, omega_max=hi, mode=steer_mode,
                         weight_min=weight_min, weight_max=weight_max)  # fmt: skip
-  extra = {"steer/weight_mean": mean_metric(w, as_mask(completion_mask))}
+  extra = {"steer/weight_mean": mean_metric(w, as_mask(b.completion_mask))}
   return _ppo(name, b, options, mode=loss_agg_mode, token_weights=w, extra=extra,
               clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)  # fmt: skip
 
@@ -149,23 +150,24 @@ def lp_reg_objective(logp, old_logp, advantages, completion_mask, *, num_tokens,
   (``regularizers.min_p_proxy_logp``) and, at 'step' scope, ``lp_threshold`` =
   ``regularizers.lp_reg_threshold`` over the step batch.
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   name = "lp_reg_objective"
   proxy = require(proxy_logp, "proxy_logp [B, T] (regularizers.min_p_proxy_logp)", name)
+  proxy = clean_input(b, proxy, "proxy_logp")
   thr = _stat(name, scope, lp_threshold, "lp_threshold", lambda: reg.lp_reg_threshold(
-    sg(logp), advantages, completion_mask, lp_reg_frac=lp_reg_frac))  # fmt: skip
-  chosen = reg.lp_reg_mask(sg(logp), proxy, advantages, completion_mask, thr)
-  adv = token_advantages(advantages, jnp.shape(logp))
+    sg(b.logp), b.advantages, b.completion_mask, lp_reg_frac=lp_reg_frac))  # fmt: skip
+  chosen = reg.lp_reg_mask(sg(b.logp), proxy, b.advantages, b.completion_mask, thr)
+  adv = token_advantages(b.advantages, jnp.shape(b.logp))
 
   def policy(x):
-    clipped, info = sur.ppo_clip_loss(x, old_logp, adv, clip_low=clip_low, clip_high=clip_high)
-    pulled = -adv * jnp.exp(log_ratio(x, old_logp))
+    clipped, info = sur.ppo_clip_loss(x, b.old_logp, adv, clip_low=clip_low, clip_high=clip_high)
+    pulled = -adv * jnp.exp(log_ratio(x, b.old_logp))
     pulled = pulled + lp_reg_coef * reg.lp_reg_penalty(x, proxy, clamp=lp_reg_clamp)
     info = {k: v & ~chosen for k, v in info.items()}
     return jnp.where(chosen, pulled, clipped), info
 
-  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(completion_mask))}
+  extra = {"select/frac": mean_metric(chosen.astype(jnp.float32), as_mask(b.completion_mask))}
   opts = common_options(name, options)
   return run_objective(name, policy, b, mode=loss_agg_mode, opts=opts, extra_metrics=extra)
 
@@ -181,16 +183,17 @@ def siren_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, 
   ``nucleus_entropy`` (differentiable top-p entropy; defaults to ``entropy``), ``siren_anchor``
   (frozen at step 1) and, with micro-batching, ``siren_selected_entropy`` (the step's H_sel).
   """
-  b = Batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
-            sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
   name = "siren_objective"
-  h = require(entropy if nucleus_entropy is None else nucleus_entropy, "nucleus_entropy", name)
+  h = require(b.entropy if nucleus_entropy is None else nucleus_entropy, "nucleus_entropy", name)
+  h = clean_input(b, h, "nucleus_entropy")
   anchor = require(siren_anchor, "siren_anchor (H_sel of the first rollout batch)", name)
   penalty, h_sel = reg.siren_penalty(
-    h, completion_mask, anchor=anchor, num_tokens=num_tokens, num_seqs=num_seqs, coef=siren_coef,
+    h, b.completion_mask, anchor=anchor, num_tokens=num_tokens, num_seqs=num_seqs, coef=siren_coef,
     quantile=siren_quantile, selected_entropy=siren_selected_entropy,
   )  # fmt: skip
-  n_valid = jnp.sum(as_mask(completion_mask))
+  n_valid = jnp.sum(as_mask(b.completion_mask))
   num = jnp.asarray(num_tokens, jnp.float32)
   extra = {"siren/selected_entropy": (sg(h_sel) * num, n_valid),
            "loss/siren": (sg(penalty) * num, n_valid)}  # fmt: skip

@@ -124,6 +124,9 @@ OBJECTIVES = {
   "siren": siren_objective,
 }
 
+# Objectives whose batch statistics ``step_statistics`` computes (siren: its selected entropy).
+STEP_STAT_OBJECTIVES = ("clip_cov", "kl_cov", "high_entropy", "steer", "lp_reg", "siren")
+
 
 def step_statistics(name, logp, old_logp, advantages, completion_mask, *, num_tokens=None,
                     num_seqs=None, entropy=None, noise=None, **hyperparameters) -> dict:  # fmt: skip
@@ -181,6 +184,7 @@ __all__ = [
   "MISMATCH_MODES",
   "OBJECTIVES",
   "SCOPES",
+  "STEP_STAT_OBJECTIVES",
   "CommonOptions",
   "CovStats",
   "aggregate",

@@ -109,6 +109,10 @@ def test_registry_has_the_recipes_with_one_signature():
             "clip_cov", "kl_cov", "high_entropy", "steer", "lp_reg", "riskpo", "copo",
             "siren"}  # fmt: skip
   assert wanted <= set(losses.OBJECTIVES)
+  assert set(losses.STEP_STAT_OBJECTIVES) <= set(losses.OBJECTIVES)
+  with pytest.raises(ValueError, match="unknown objective"):
+    losses.step_statistics("grpo2", *(jnp.zeros((1, 2)),) * 3, jnp.ones((1, 2), bool))
+  assert losses.step_statistics("grpo", *(jnp.zeros((1, 2)),) * 3, jnp.ones((1, 2), bool)) == {}
   for name, fn in losses.OBJECTIVES.items():
     params = inspect.signature(fn).parameters
     assert list(params)[:4] == ["logp", "old_logp", "advantages", "completion_mask"], name
@@ -301,9 +305,9 @@ def test_invariances_microbatch_padding_permutation():
   # 1. Two micro-batches of 4 rows (two groups each): losses summed, metrics merged.
   halves = [{k: v[i : i + 4] for k, v in data.items()} for i in (0, 4)]
   parts = [_all(_jnp(h), _jnp(data)) for h in halves]
-  # 2. Padding: three more masked columns holding junk values.
-  rng = np.random.default_rng(7)
-  pad = lambda v: np.zeros((B, 3), bool) if v.dtype == bool else rng.normal(-1, 0.5, (B, 3))
+  # 2. Padding: three more masked columns holding junk (NaN, -inf, finite) in every float input.
+  junk = np.tile([np.nan, -np.inf, -7.5], (B, 1))
+  pad = lambda v: np.zeros((B, 3), bool) if v.dtype == bool else junk
   padded_data = {k: np.concatenate([v, pad(v)], 1) for k, v in data.items()}
   padded = _all(_jnp(padded_data), _jnp(padded_data))
   # 3. Samples permuted inside each group.
