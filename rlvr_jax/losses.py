@@ -26,7 +26,10 @@ Three levels:
    ``mismatch_low``, ``mismatch_high``, ``opsm_threshold``, ``group_size``,
    ``seq_norm_constant``) and ``loss_agg_mode``. Objectives with a batch statistic take
    ``scope`` ('step' default: pass the statistic computed by ``step_statistics`` over the whole
-   step batch; 'micro': computed per micro-batch like the references).
+   step batch; 'micro': computed per micro-batch like the references). Masked entries of every
+   float input are zeroed before use, so padding may hold anything (even NaN).
+   Recipes: ppo, grpo, dr_grpo, dapo, lite_ppo, riskpo, gppo, gspo, gmpo, cispo, sapo, copo,
+   clip_cov, kl_cov, high_entropy (80/20), steer, lp_reg, siren.
 
 ``metrics`` is a flat dict of ``(value, weight)`` float32 pairs (sum and count for means; the
 extreme and count for keys ending in ``/min`` / ``/max``); merge micro-batches with
