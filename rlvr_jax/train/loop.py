@@ -34,6 +34,8 @@ from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.state import TrainBatch, init_state
 
+_STEP_CACHE: dict = {}
+
 
 class Trainer:
   """Owns the run: model, data, reward runtime, jitted step, writers, checkpoints."""
@@ -64,16 +66,31 @@ class Trainer:
     kwargs = config_lib.objective_kwargs(c)
     kwargs.setdefault("seq_norm_constant", float(c.sampling.max_new_tokens))
     kwargs.setdefault("group_size", c.sampling.num_samples)
-    self.train_step = step_lib.make_train_step(
-      model_config=self.model_config,
-      optimizer=self.optimizer,
-      objective=c.objective.name,
-      objective_kwargs=kwargs,
-      num_microbatches=r.num_microbatches,
-      temperature=c.sampling.temperature,
-      chunk_size=r.logprob_chunk,
-      on_policy=self.updates_per_step == 1,
+    # Jitted steps are cached per (model, optimiser, objective, ...) so several runs in one
+    # process (tests, ablation drivers) compile once.
+    step_key = (
+      self.model_config,
+      c.optim.to_json(),
+      r.num_steps * self.updates_per_step,
+      c.objective.name,
+      tuple(sorted(kwargs.items())),
+      r.num_microbatches,
+      c.sampling.temperature,
+      r.logprob_chunk,
+      self.updates_per_step == 1,
     )
+    if step_key not in _STEP_CACHE:
+      _STEP_CACHE[step_key] = step_lib.make_train_step(
+        model_config=self.model_config,
+        optimizer=self.optimizer,
+        objective=c.objective.name,
+        objective_kwargs=kwargs,
+        num_microbatches=r.num_microbatches,
+        temperature=c.sampling.temperature,
+        chunk_size=r.logprob_chunk,
+        on_policy=self.updates_per_step == 1,
+      )
+    self.train_step = _STEP_CACHE[step_key]
     extra = {}
     if r.advantage == "riskpo":
       extra["riskpo"] = adv_lib.riskpo_init()

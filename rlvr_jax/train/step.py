@@ -22,6 +22,7 @@ meaningful on the first update of a rollout batch, where params equal the sample
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import jax
@@ -257,6 +258,7 @@ def make_train_step(
   return jax.jit(train_step, donate_argnums=(0,))
 
 
+@functools.lru_cache(maxsize=16)
 def make_score_fn(
   *, model_config, temperature: float = 1.0, chunk_size: int = 128, num_microbatches=1
 ):
