@@ -47,14 +47,16 @@ def check_tokens(**arrays: jax.Array | None) -> tuple[int, int]:
   return next(iter(shapes.values()))
 
 
-def token_advantages(advantages: jax.Array, shape: tuple[int, int]) -> jax.Array:
+def token_advantages(
+  advantages: jax.Array, shape: tuple[int, int], name: str = "advantages"
+) -> jax.Array:
   """Returns float32 ``[B, T]`` advantages from ``[B, T]`` or per-sequence ``[B]`` input."""
   advantages = jnp.asarray(advantages, jnp.float32)
   if advantages.shape == (shape[0],):
     return jnp.broadcast_to(advantages[:, None], shape)
   if advantages.shape != tuple(shape):
     raise ValueError(
-      f"advantages must be [B, T] = {list(shape)} or [B] = [{shape[0]}], "
+      f"{name} must be [B, T] = {list(shape)} or [B] = [{shape[0]}], "
       f"got shape {list(advantages.shape)}"
     )
   return advantages

@@ -114,7 +114,7 @@ def make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs
 def clean_input(batch: Batch, x: jax.Array, name: str) -> jax.Array:
   """An extra per-token input ([B, T], or [B] broadcast) checked and zeroed off the mask."""
   shape = check_tokens(logp=batch.logp, **{name: x}) if jnp.ndim(x) == 2 else jnp.shape(batch.logp)
-  x = token_advantages(x, shape) if jnp.ndim(x) == 1 else jnp.asarray(x, jnp.float32)
+  x = token_advantages(x, shape, name) if jnp.ndim(x) == 1 else jnp.asarray(x, jnp.float32)
   return jnp.where(as_mask(batch.completion_mask) > 0, x, 0.0)
 
 
