@@ -152,6 +152,16 @@ def test_ppo_family_golden_and_metrics():
   np.testing.assert_allclose(met["grad_frac/tokens"], 0.8, atol=1e-6)
 
 
+def test_grad_fraction_of_tokens_and_groups():
+  # Group 0 (rows 0-1): every token clipped (A > 0, r = 1.5). Group 1: row 2 on-policy, row 3 empty.
+  logp = np.log([[1.5, 1.5], [1.5, 1.5], [1.0, 1.0], [1.0, 1.0]])
+  m = np.array([[1, 1], [1, 0], [1, 1], [0, 0]], bool)
+  _, _, met = _obj("dapo", logp, np.zeros((4, 2)), np.ones((4, 2)), m, group_size=2)
+  np.testing.assert_allclose(met["grad_frac/tokens"], 2 / 5, atol=1e-7)
+  np.testing.assert_allclose(met["grad_frac/groups"], 1 / 2, atol=1e-7)
+  np.testing.assert_allclose(met["clip_frac/high"], 3 / 5, atol=1e-7)
+
+
 def test_high_entropy_objective_golden_normalisers():
   h = _f32([[2.0, 0.1, 0.5, 3.0, 0.2, 1.0, 0.05, 0.3, 0.4, 0.6]])
   m = np.ones((1, 10), bool)
