@@ -16,11 +16,10 @@ from rlvr_jax.model import (
 from rlvr_jax.model.config import UnsupportedModelError
 from rlvr_jax.model.layers import rope_inv_freq
 
-CONFIGS = {
-  "llama": ModelConfig.tiny(),
-  "qwen2": ModelConfig.tiny(attention_bias=True, family="qwen2", tie_word_embeddings=True),
-  "qwen3": ModelConfig.tiny(qk_norm=True, family="qwen3"),
-}
+# Every switch on (QKV bias and q/k norm) so that one config exercises all code paths; the three
+# real families are checked against transformers in test_model_hf.py.
+CONFIG = ModelConfig.tiny(attention_bias=True, qk_norm=True, family="qwen2")
+B, S, PAD = 2, 8, 3  # one shape for most tests: jit compilations are shared between tests
 
 
 def _params(config, seed=0):
@@ -32,111 +31,91 @@ def _params(config, seed=0):
   return params
 
 
-def _tokens(config, B, S, seed=0):
+def _tokens(config, b, s, seed=0):
   rng = np.random.default_rng(seed)
-  return jnp.asarray(rng.integers(3, config.vocab_size, size=(B, S)), jnp.int32)
+  return jnp.asarray(rng.integers(3, config.vocab_size, size=(b, s)), jnp.int32)
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
-def test_kv_cache_token_by_token_equals_full_forward(family):
-  config = CONFIGS[family]
-  params = _params(config)
-  B, S = 2, 7
-  tokens = _tokens(config, B, S)
-  positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
-  full, none = forward(params, tokens, positions, config=config, return_logits=True)
-  assert none is None and full.shape == (B, S, config.vocab_size) and full.dtype == jnp.float32
+def _padded_batch():
+  """Row 0: PAD padding tokens then S - PAD real ones; row 1: S real tokens.
 
-  step = jax.jit(lambda p, t, q, c: forward(p, t, q, config=config, cache=c, return_logits=True))
-  cache = init_cache(config, B, 10)
-  # prefill 3 tokens, then one at a time
-  logits, cache = step(params, tokens[:, :3], positions[:, :3], cache)
+  Returns (tokens, positions, unpadded): ``unpadded`` has row 0's real tokens first (positions
+  0..S-1, its tail is other tokens), so causality makes its first S - PAD outputs comparable.
+  """
+  tokens = _tokens(CONFIG, B, S, seed=1)
+  real = tokens[0, PAD:]
+  tail = _tokens(CONFIG, 1, PAD, seed=2)[0]
+  unpadded = tokens.at[0].set(jnp.concatenate([real, tail]))
+  positions = np.tile(np.arange(S), (B, 1))
+  positions[0] = np.concatenate([np.full(PAD, -1), np.arange(S - PAD)])
+  return tokens, jnp.asarray(positions, jnp.int32), unpadded
+
+
+def test_left_padded_rows_equal_unpadded():
+  params = _params(CONFIG)
+  tokens, positions, unpadded = _padded_batch()
+  ref, _ = forward(params, unpadded, _arange(), config=CONFIG, return_logits=True)
+  out, none = forward(params, tokens, positions, config=CONFIG, return_logits=True)
+  assert none is None and out.shape == (B, S, CONFIG.vocab_size) and out.dtype == jnp.float32
+  out, ref = np.asarray(out), np.asarray(ref)
+  assert np.all(np.isfinite(out))  # padding outputs are garbage, but finite
+  np.testing.assert_allclose(out[0, PAD:], ref[0, : S - PAD], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(out[1], ref[1], atol=1e-5, rtol=1e-5)
+
+
+def _arange():
+  return jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+
+
+def test_kv_cache_prefill_then_token_by_token_equals_full_forward():
+  """Left-padded prefill of 4 slots, then 4 single tokens: equal to one full forward pass."""
+  params = _params(CONFIG)
+  tokens, positions, unpadded = _padded_batch()
+  full, _ = forward(params, unpadded, _arange(), config=CONFIG, return_logits=True)
+  cache = init_cache(CONFIG, B, S + 2)
+  logits, cache = forward(
+    params, tokens[:, :4], positions[:, :4], config=CONFIG, cache=cache, return_logits=True
+  )
   outs = [logits]
-  for s in range(3, S):
-    logits, cache = step(params, tokens[:, s : s + 1], positions[:, s : s + 1], cache)
-    outs.append(logits)
-  cached = jnp.concatenate(outs, axis=1)
-  assert int(cache.index) == S
-  np.testing.assert_array_equal(np.asarray(cache.positions[:, :S]), np.asarray(positions))
-  assert np.all(np.asarray(cache.positions[:, S:]) == -1)
-  np.testing.assert_allclose(np.asarray(cached), np.asarray(full), atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("use_cache", [False, True])
-def test_left_padded_rows_equal_unpadded(use_cache):
-  config = CONFIGS["qwen3"]
-  params = _params(config)
-  S, pad = 6, 3
-  row = _tokens(config, 1, S, seed=1)
-  solo, _ = forward(params, row, jnp.arange(S)[None], config=config, return_logits=True)
-
-  padded = jnp.concatenate([jnp.full((1, pad), 0, jnp.int32), row], axis=1)
-  pos = jnp.concatenate([jnp.full((1, pad), -1), jnp.arange(S)[None]], axis=1).astype(jnp.int32)
-  # second row: a different, unpadded sequence of the same total length
-  other = _tokens(config, 1, S + pad, seed=2)
-  tokens = jnp.concatenate([padded, other])
-  positions = jnp.concatenate([pos, jnp.arange(S + pad)[None]]).astype(jnp.int32)
-  if use_cache:
-    cache = init_cache(config, 2, S + pad + 2)
-    out, cache = forward(params, tokens, positions, config=config, cache=cache, return_logits=True)
-    assert np.all(np.asarray(cache.positions[0, :pad]) == -1)
-  else:
-    out, _ = forward(params, tokens, positions, config=config, return_logits=True)
-  out = np.asarray(out)
-  assert np.all(np.isfinite(out))
-  np.testing.assert_allclose(out[0, pad:], np.asarray(solo[0]), atol=1e-5, rtol=1e-5)
-  other_solo, _ = forward(params, other, positions[1:], config=config, return_logits=True)
-  np.testing.assert_allclose(out[1], np.asarray(other_solo[0]), atol=1e-5, rtol=1e-5)
-
-
-def test_padded_decode_after_prefill_matches_unpadded():
-  """Prefill a left-padded batch, decode 3 tokens: the padded row equals its unpadded run."""
-  config = CONFIGS["llama"]
-  params = _params(config)
-  seq = _tokens(config, 1, 8, seed=3)
-  full, _ = forward(params, seq, jnp.arange(8)[None], config=config, return_logits=True)
-  pad = 2
-  prompt = jnp.concatenate([jnp.zeros((1, pad), jnp.int32), seq[:, :5]], axis=1)
-  ppos = jnp.concatenate([jnp.full((1, pad), -1), jnp.arange(5)[None]], axis=1).astype(jnp.int32)
-  cache = init_cache(config, 1, 16)
-  logits, cache = forward(params, prompt, ppos, config=config, cache=cache, return_logits=True)
-  outs = [logits[:, pad:]]
-  for s in range(5, 8):
+  for s in range(4, S):
     logits, cache = forward(
       params,
-      seq[:, s : s + 1],
-      jnp.array([[s]], jnp.int32),
-      config=config,
+      tokens[:, s : s + 1],
+      positions[:, s : s + 1],
+      config=CONFIG,
       cache=cache,
       return_logits=True,
     )
     outs.append(logits)
-  np.testing.assert_allclose(
-    np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), atol=1e-5, rtol=1e-5
-  )
+  cached = np.asarray(jnp.concatenate(outs, axis=1))
+  assert int(cache.index) == S
+  # stored positions: -1 for padding and for never-written slots
+  np.testing.assert_array_equal(np.asarray(cache.positions[:, :S]), np.asarray(positions))
+  assert np.all(np.asarray(cache.positions[:, S:]) == -1)
+  full = np.asarray(full)
+  np.testing.assert_allclose(cached[0, PAD:], full[0, : S - PAD], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(cached[1], full[1], atol=1e-5, rtol=1e-5)
 
 
 def test_hidden_and_logits_consistent():
-  config = CONFIGS["llama"]
+  config = CONFIG
   params = _params(config)
-  tokens = _tokens(config, 2, 4)
-  pos = jnp.broadcast_to(jnp.arange(4), (2, 4))
+  tokens, pos = _tokens(config, B, S), _arange()
   hidden, _ = forward(params, tokens, pos, config=config)
   logits, _ = forward(params, tokens, pos, config=config, return_logits=True)
-  assert hidden.shape == (2, 4, config.hidden_size)
+  assert hidden.shape == (B, S, config.hidden_size)
   ref = np.asarray(hidden, np.float64) @ np.asarray(params["lm_head"], np.float64)
   np.testing.assert_allclose(np.asarray(logits), ref, atol=1e-5)
   np.testing.assert_allclose(np.asarray(logits_from_hidden(params, hidden, config)), ref, atol=1e-5)
-  tied = CONFIGS["qwen2"]
+  tied = ModelConfig.tiny(tie_word_embeddings=True)
   tp = _params(tied)
   np.testing.assert_array_equal(np.asarray(unembed_matrix(tp, tied)), np.asarray(tp["embed"]).T)
 
 
 def test_bfloat16_close_to_float32():
-  config = CONFIGS["llama"]
+  config = CONFIG
   params = _params(config)
-  tokens = _tokens(config, 2, 5)
-  pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+  tokens, pos = _tokens(config, B, S), _arange()
   ref, _ = forward(params, tokens, pos, config=config, return_logits=True)
   c16 = config.replace(dtype="bfloat16")
   p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
@@ -147,17 +126,17 @@ def test_bfloat16_close_to_float32():
 
 
 def test_remat_same_value_and_grad():
-  config = CONFIGS["qwen3"]
+  config = CONFIG
   params = _params(config)
-  tokens = _tokens(config, 2, 5)
-  pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+  tokens, pos = _tokens(config, B, S), _arange()
 
   def loss(p, cfg):
     logits, _ = forward(p, tokens, pos, config=cfg, return_logits=True)
     return jnp.mean(jax.nn.logsumexp(logits, -1))
 
-  v1, g1 = jax.value_and_grad(loss)(params, config)
-  v2, g2 = jax.value_and_grad(loss)(params, config.replace(remat=True))
+  value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  v1, g1 = value_and_grad(params, config)
+  v2, g2 = value_and_grad(params, config.replace(remat=True))
   np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
@@ -230,7 +209,7 @@ def test_bad_config_and_inputs_raise():
     ModelConfig.from_hf_dict({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
   with pytest.raises(ValueError, match="multiple of num_kv_heads"):
     ModelConfig.tiny(num_heads=4, num_kv_heads=3)
-  config = CONFIGS["llama"]
+  config = CONFIG
   params = _params(config)
   with pytest.raises(ValueError, match=r"positions \(2, 3\).*tokens \(2, 4\)"):
     forward(params, jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 3), jnp.int32), config=config)

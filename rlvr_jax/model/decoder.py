@@ -12,6 +12,7 @@ own outputs are finite garbage. Real tokens carry positions 0, 1, 2, ... which R
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -156,6 +157,7 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
   return out, new_cache, seen
 
 
+@functools.partial(jax.jit, static_argnames=("config", "return_logits"))
 def forward(
   params: Params,
   tokens: jax.Array,
@@ -167,6 +169,7 @@ def forward(
 ) -> tuple[jax.Array, KVCache | None]:
   """Runs the decoder on S new tokens per row.
 
+  Jitted (``config`` and ``return_logits`` static); inside another ``jax.jit`` it is inlined.
   Without a cache: causal self-attention over the S tokens. With a cache: the S new tokens are
   written at slots [index, index + S) and each attends to every filled slot (position >= 0) at or
   before its own slot; the returned cache has ``index + S``.
@@ -189,6 +192,7 @@ def forward(
   return out, new_cache
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
 def hidden_states_per_layer(
   params: Params, tokens: jax.Array, positions: jax.Array, *, config: ModelConfig
 ) -> tuple[jax.Array, jax.Array]:

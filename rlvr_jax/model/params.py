@@ -126,22 +126,25 @@ def _init_one(spec: ParamSpec, key: jax.Array) -> jax.Array:
   return (0.02 * jax.random.normal(key, spec.shape, jnp.float32)).astype(spec.dtype)
 
 
+def _init_tree(config: ModelConfig, key: jax.Array) -> dict[str, Any]:
+  specs = param_specs(config)
+  leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree.unflatten(treedef, [_init_one(s, k) for s, k in zip(leaves, keys, strict=True)])
+
+
+_init_jit = jax.jit(_init_tree, static_argnums=0)
+
+
 def init_params(config: ModelConfig, key: jax.Array, *, shardings: Any = None) -> dict[str, Any]:
   """Random parameters (normal std 0.02, norms at 1, biases at 0), as HF initialises them.
 
   With ``shardings`` (e.g. from ``param_shardings``) each tensor is created already sharded under
-  ``jax.jit`` (no full copy on one device).
+  ``jax.jit`` (no full copy on one device). The values do not depend on the shardings.
   """
-  specs = param_specs(config)
-  leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
-
-  def build(key):
-    keys = jax.random.split(key, len(leaves))
-    return jax.tree.unflatten(treedef, [_init_one(s, k) for s, k in zip(leaves, keys, strict=True)])
-
   if shardings is None:
-    return jax.jit(build)(key)
-  return jax.jit(build, out_shardings=shardings)(key)
+    return _init_jit(config, key)
+  return jax.jit(_init_tree, static_argnums=0, out_shardings=shardings)(config, key)
 
 
 def check_params(params: Any, config: ModelConfig) -> None:
