@@ -8,6 +8,11 @@ Runs SmolLM2-135M-Instruct (float32, logits included) on random tokens [batch, s
 and measures the machine's matmul peak with a large float32 ``jnp.matmul``. Model FLOPs per forward:
   2 * (matmul params incl. the unembedding) * B * S  +  4 * L * N * H * B * S^2  (QK^T and PV,
   full S x S as computed). Prints a markdown table row per implementation.
+
+    .venv/bin/python tools/bench_model.py --reshard
+
+instead measures the train -> sample layout reshard of SmolLM2 on a (data 2, fsdp 2, tensor 2) mesh
+of 8 simulated CPU devices (``rlvr_jax.sharding.reshard_cost``).
 """
 
 from __future__ import annotations
@@ -17,15 +22,16 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
   """Best FLOP/s of an [n, n] @ [n, n] float32 matmul under jit."""
+  import jax
+  import jax.numpy as jnp
+
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
   f = jax.jit(jnp.matmul)
@@ -56,7 +62,13 @@ def main():
   parser.add_argument("--seq", type=int, default=512)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--skip-torch", action="store_true")
+  parser.add_argument("--reshard", action="store_true", help="measure the layout reshard instead")
   args = parser.parse_args()
+  if args.reshard:
+    return bench_reshard(args.repeats)
+
+  import jax
+  import jax.numpy as jnp
 
   from rlvr_jax.model import forward, load_smollm2
   from rlvr_jax.model.smollm2 import smollm2_gguf_path
@@ -102,6 +114,29 @@ def main():
     print(
       f"| {name} | {secs:.2f} | {B * S / secs:,.0f} | {flops / secs / 1e9:.1f} |"
       f" {flops / secs / peak:.2f} |"
+    )
+
+
+def bench_reshard(repeats: int):
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  )
+  from rlvr_jax import sharding as S
+  from rlvr_jax.model import load_smollm2, param_shardings
+
+  mesh = S.make_mesh(2, 2, 2)
+  params, config, _ = load_smollm2(mesh=mesh, rules=S.TRAIN_RULES)
+  sample = param_shardings(config, mesh, S.SAMPLE_RULES)
+  train = param_shardings(config, mesh, S.TRAIN_RULES)
+  to_sample = S.reshard_cost(params, sample, repeats=repeats)
+  sampled = S.reshard(params, sample)
+  to_train = S.reshard_cost(sampled, train, repeats=repeats)
+  print("| direction | best s | MB per device before | MB per device after |")
+  print("|---|---|---|---|")
+  for name, c in (("train -> sample", to_sample), ("sample -> train", to_train)):
+    print(
+      f"| {name} | {c['seconds']:.3f} | {c['bytes_per_device_before'] / 1e6:.1f} |"
+      f" {c['bytes_per_device_after'] / 1e6:.1f} |"
     )
 
 
