@@ -146,6 +146,13 @@ def test_export_round_trip(checkpoints, family, tmp_path):
   assert np.abs(np.asarray(ours) - hf_logits)[mask].max() <= 1e-4
   again, config2 = load_hf(tmp_path / "out")
   assert config2 == config
+  if family == "qwen2":  # bfloat16 on disk, read back as float32 and as bfloat16
+    export_hf(params, config, tmp_path / "bf16", dtype="bfloat16")
+    as_f32, _ = load_hf(tmp_path / "bf16")
+    as_b16, c16 = load_hf(tmp_path / "bf16", dtype="bfloat16")
+    want = np.asarray(params["layers"]["w_up"]).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(as_f32["layers"]["w_up"]), want.astype(np.float32))
+    assert as_b16["layers"]["w_up"].dtype == jnp.bfloat16 and c16.dtype == "bfloat16"
   np.testing.assert_array_equal(
     np.asarray(again["layers"]["wo"]), np.asarray(params["layers"]["wo"])
   )
