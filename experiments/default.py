@@ -37,7 +37,9 @@ def get_config():
   c.data.task.ops = "+"
   c.data.task.max_value = 49
   c.data.num_eval = 256
+  c.data.task.zero_pad = True
   c.warm_start.num_steps = 600
+  c.warm_start.clean_steps = 300
   c.warm_start.batch_size = 64
   c.warm_start.learning_rate = 3e-3
   c.warm_start.drop_carry_prob = 0.7

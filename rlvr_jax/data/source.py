@@ -102,6 +102,7 @@ def task_spec(data_cfg) -> tasks.TaskSpec:
     max_value=t.max_value,
     num_terms=t.num_terms,
     heldout_fraction=t.heldout_fraction,
+    zero_pad=bool(t.get("zero_pad", False)),
   )
   spec.validate()
   return spec

@@ -35,6 +35,8 @@ class TaskSpec:
     min_value, max_value: operand range, inclusive.
     num_terms: number of operands (arithmetic, style "bare"; countdown: numbers given).
     heldout_fraction: fraction of the problem space (by content hash) reserved for held-out.
+    zero_pad: write "bare" operands zero-padded to the width of ``max_value`` (``07+41=``), so
+      every digit sits at a fixed position (much easier for a tiny from-scratch transformer).
   """
 
   name: str = "arithmetic"
@@ -44,6 +46,7 @@ class TaskSpec:
   max_value: int = 99
   num_terms: int = 2
   heldout_fraction: float = 0.1
+  zero_pad: bool = False
 
   def validate(self):
     if self.name not in TASKS:
@@ -73,8 +76,10 @@ def split_of(key: str, heldout_fraction: float) -> str:
 def _arithmetic(spec: TaskSpec, rng: np.random.Generator) -> dict:
   values = [int(v) for v in rng.integers(spec.min_value, spec.max_value + 1, spec.num_terms)]
   ops = [spec.ops[int(i)] for i in rng.integers(0, len(spec.ops), spec.num_terms - 1)]
-  expr = str(values[0]) + "".join(o + str(v) for o, v in zip(ops, values[1:], strict=True))
-  answer = int(eval(expr))  # noqa: S307 (digits and +-* only, built above)
+  fmt = (lambda v: str(v).zfill(len(str(spec.max_value)))) if spec.zero_pad else str
+  expr = fmt(values[0]) + "".join(o + fmt(v) for o, v in zip(ops, values[1:], strict=True))
+  plain = str(values[0]) + "".join(o + str(v) for o, v in zip(ops, values[1:], strict=True))
+  answer = int(eval(plain))  # noqa: S307 (digits and +-* only, built above)
   if spec.style == "bare":
     return {"prompt": f"{expr}=", "answer": str(answer), "key": expr}
   a, b, op = values[0], values[1], ops[0]

@@ -64,27 +64,35 @@ def build_runtime(c):
 
 
 def warm_start_source(c):
-  """The supervised warm-start stream: the train split with its own seed, optionally through a
-  flawed teacher that drops carries with probability ``warm_start.drop_carry_prob``."""
+  """The supervised warm-start stream: the train split with its own seed. With
+  ``warm_start.drop_carry_prob > 0``, the demonstrations after the first
+  ``warm_start.clean_steps`` batches come from a flawed teacher that drops carries with that
+  probability (the clean phase lets the tiny model form its digit circuits first; the flawed
+  phase then plants a systematic error for RL to fix)."""
   spec = data_lib.task_spec(c.data)
   source = data_lib.PromptSource(task=spec, seed=c.warm_start.seed, split="train")
   prob = float(c.warm_start.drop_carry_prob)
   if prob == 0.0:
     return source
-  return _FlawedTeacher(source, prob, seed=c.warm_start.seed)
+  clean = int(c.warm_start.clean_steps) * int(c.warm_start.batch_size)
+  return _FlawedTeacher(source, prob, seed=c.warm_start.seed, clean_records=clean)
 
 
 class _FlawedTeacher:
-  """Replaces the reference answer by the carry-less digit sum with probability ``prob``."""
+  """Replaces the reference answer by the carry-less digit sum with probability ``prob`` for
+  stream records at index >= ``clean_records``."""
 
-  def __init__(self, source, prob: float, *, seed: int):
-    self.source, self.prob, self.seed = source, prob, seed
+  def __init__(self, source, prob: float, *, seed: int, clean_records: int = 0):
+    self.source, self.prob, self.seed, self.clean = source, prob, seed, clean_records
 
   def take(self, n: int):
     import numpy as np
 
     out = []
     for r in self.source.take(n):
+      if r["index"] < self.clean:
+        out.append(r)
+        continue
       if np.random.default_rng([self.seed, 7, r["index"]]).random() < self.prob:
         r = {**r, "answer": data_lib.tasks.no_carry_sum(r["key"])}
       out.append(r)

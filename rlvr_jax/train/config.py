@@ -117,6 +117,7 @@ def base_config() -> ConfigDict:
         max_value=49,
         num_terms=2,
         heldout_fraction=0.1,
+        zero_pad=False,
       ),
       path="",
       eval_path="",
@@ -131,7 +132,15 @@ def base_config() -> ConfigDict:
     )
   )
   c.warm_start = ConfigDict(
-    dict(num_steps=0, batch_size=64, learning_rate=3e-3, drop_carry_prob=0.0, seed=100, bucket=8)
+    dict(
+      num_steps=0,
+      clean_steps=0,
+      batch_size=64,
+      learning_rate=3e-3,
+      drop_carry_prob=0.0,
+      seed=100,
+      bucket=8,
+    )
   )
   c.reward = ConfigDict(dict(name="arithmetic", num_workers=1, timeout_s=10.0))
   c.sampling = ConfigDict(
@@ -257,6 +266,11 @@ def validate(c) -> None:
   _need(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
   w = c.warm_start
   _need(w.num_steps >= 0, "warm_start.num_steps", "must be >= 0")
+  _need(
+    0 <= w.clean_steps <= w.num_steps,
+    "warm_start.clean_steps",
+    f"must be in [0, warm_start.num_steps={w.num_steps}], got {w.clean_steps}",
+  )
   _need(0.0 <= w.drop_carry_prob <= 1.0, "warm_start.drop_carry_prob", "must be in [0, 1]")
   _need(
     w.drop_carry_prob == 0.0 or (c.data.source == "task" and c.data.task.ops == "+"),

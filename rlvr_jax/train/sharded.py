@@ -138,10 +138,14 @@ def shard_local_rows(
 
 
 def to_host(tree: Any) -> Any:
-  """Global arrays -> full numpy arrays on every process (an all-gather across processes)."""
+  """Global arrays -> full numpy arrays on every process (an all-gather across processes).
+
+  Typed PRNG keys come back as their uint32 key data."""
   from jax.experimental import multihost_utils
 
   def one(x):
+    if _is_key(x):
+      x = jax.random.key_data(x)
     if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
       return np.asarray(x)
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
@@ -178,6 +182,18 @@ def reduce_metrics(metrics: dict[str, float], weight: float = 1.0) -> dict[str, 
     else:
       out[k] = float("nan")
   return out
+
+
+def process_sum(values: dict[str, float]) -> dict[str, float]:
+  """Sums host scalars over processes (e.g. token counts of each process's rows); one all-gather."""
+  keys = sorted(values)
+  if jax.process_count() == 1:
+    return {k: float(values[k]) for k in keys}
+  from jax.experimental import multihost_utils
+
+  local = np.array([float(values[k]) for k in keys], np.float64)
+  table = np.asarray(multihost_utils.process_allgather(local))  # [P, K]
+  return {k: float(table[:, i].sum()) for i, k in enumerate(keys)}
 
 
 def sharded_train_step(train_step, shardings: TrainState, mesh: Mesh):

@@ -1,0 +1,145 @@
+"""Benchmark the trainer: per-phase step times, and the update's achieved FLOP/s vs matmul peak.
+
+  .venv/bin/python tools/bench_train.py                # all parts
+  .venv/bin/python tools/bench_train.py --skip_loop    # only the update FLOP/s part
+
+1. Matmul peak: the best of several float32 [n, n] @ [n, n] products (2 n^3 FLOPs each).
+2. The jitted train step (forward + backward + AdamW, GRPO objective) on random rollout batches of
+   a few model sizes: FLOPs from XLA's cost analysis of the compiled step (cross-checked with the
+   6 * params * tokens estimate), time = median of repeated calls after compilation.
+3. Per-phase times of real RL steps of the default experiment (sample / reward / update), read
+   from a short run of ``experiments/default.py`` without the warm start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlvr_jax import model
+from rlvr_jax.train import step as step_lib
+from rlvr_jax.train.state import TrainBatch, init_state
+
+
+def matmul_peak(n: int = 1024, repeats: int = 10) -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2 * n**3 / best
+
+
+def bench_update(cfg, *, rows: int, prompt_len: int, completion_len: int, repeats: int = 5):
+  params = model.init_params(cfg, jax.random.key(0))
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  opt = optax.adamw(1e-4)
+  step = step_lib.make_train_step(
+    model_config=cfg, optimizer=opt, objective="grpo", on_policy=True, chunk_size=64
+  )
+  rng = np.random.default_rng(0)
+  prompt = rng.integers(3, cfg.vocab_size, (rows, prompt_len)).astype(np.int32)
+  comp = rng.integers(3, cfg.vocab_size, (rows, completion_len)).astype(np.int32)
+  tokens, positions = step_lib.sequence_inputs(
+    prompt, np.ones_like(prompt, bool), jnp.asarray(comp)
+  )
+  cmask = jnp.ones((rows, completion_len), bool)
+  adv = jnp.asarray(rng.normal(size=(rows, 1)).astype(np.float32)) * cmask
+  zeros = jnp.zeros((rows, completion_len), jnp.float32)
+  batch = TrainBatch(tokens, positions, cmask, adv, zeros, zeros, None, {})
+  n_tok = float(rows * completion_len)
+  state = init_state(params, opt, jax.random.key(1))
+  args = (batch, n_tok, float(rows), jax.random.key(2))
+  compiled = step.lower(state, *args).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list | tuple) else cost
+  flops = float(cost.get("flops", 0.0))
+  state, m = step(state, *args)
+  jax.block_until_ready(m)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    state, m = step(state, *args)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t0)
+  t = statistics.median(times)
+  return {
+    "params": n_params,
+    "rows": rows,
+    "seq_len": prompt_len + completion_len,
+    "step_s": t,
+    "xla_flops": flops,
+    "estimate_6NT_flops": 6.0 * n_params * rows * (prompt_len + completion_len),
+    "achieved_flops_per_s": flops / t,
+  }
+
+
+def run_default_steps(steps: int) -> dict:
+  import importlib.util
+
+  from rlvr_jax.metrics import read_jsonl
+  from rlvr_jax.train.loop import Trainer
+
+  spec = importlib.util.spec_from_file_location("default", "experiments/default.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  c.workdir = tempfile.mkdtemp(prefix="bench_train_")
+  c.warm_start.num_steps = c.warm_start.clean_steps = 0
+  c.rl.num_steps = steps
+  c.data.num_eval = 32
+  c.checkpoint.every = 0
+  c.logging.progress = c.logging.tensorboard = c.logging.plot = False
+  trainer = Trainer(c, log=lambda s: None)
+  try:
+    trainer.run()
+  finally:
+    trainer.close()
+  records = [r for r in read_jsonl(os.path.join(c.workdir, "metrics.jsonl")) if "time/step" in r]
+  steady = records[2:]  # the first steps compile
+  keys = ("time/step", "time/sample", "time/reward", "time/update", "reward/time_s")
+  return {k: statistics.median(r[k] for r in steady) for k in keys if k in steady[0]} | {
+    "first_step_s": records[0]["time/step"],
+    "steps_measured": len(steady),
+  }
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--skip_loop", action="store_true")
+  parser.add_argument("--loop_steps", type=int, default=12)
+  args = parser.parse_args()
+  out = {"load_avg": os.getloadavg(), "devices": str(jax.devices()[0])}
+  out["matmul_peak_flops_per_s"] = matmul_peak()
+  sizes = {
+    "default tiny (D64 L2, B256 S13)": (
+      model.ModelConfig.tiny(vocab_size=17, hidden_size=64, intermediate_size=256, num_layers=2,
+                             num_heads=4, num_kv_heads=2, head_dim=16), 256, 8, 5),
+    "small (D256 L4, B32 S128)": (
+      model.ModelConfig.tiny(vocab_size=512, hidden_size=256, intermediate_size=1024,
+                             num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64), 32, 64, 64),
+  }  # fmt: skip
+  for name, (cfg, rows, sp, t) in sizes.items():
+    r = bench_update(cfg, rows=rows, prompt_len=sp, completion_len=t)
+    r["fraction_of_peak"] = r["achieved_flops_per_s"] / out["matmul_peak_flops_per_s"]
+    out[name] = r
+  if not args.skip_loop:
+    out["default RL step phases (median s)"] = run_default_steps(args.loop_steps)
+  out["load_avg_after"] = os.getloadavg()
+  print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+  main()
