@@ -1,0 +1,116 @@
+"""Cost of moving the params between the training layout and the sampling layout.
+
+Training layout (``sharding.TRAIN_RULES``): weights split over fsdp x tensor. Sampling layout
+(``SAMPLE_RULES``): split over tensor only, so train -> sample is an all-gather over ``fsdp``
+(done once per RL step, before the rollout) and sample -> train a local slice (no communication).
+
+  python tools/bench_reshard.py                      # tiny + 20M + SmolLM2-135M shapes, 2x2x2 / 1x8x1
+  python tools/bench_reshard.py --models=smollm2 --meshes=1,4,2
+
+Prints one row per (model, mesh, direction): best wall time of ``sharding.reshard`` (params
+created already sharded, ``jax.block_until_ready``), bytes per device before / after, and the
+effective rate (bytes gathered into each device / time). On simulated CPU devices the
+"collective" is memory copies within one process: the numbers bound the host overhead, not ICI /
+NVLink bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  ).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+from rlvr_jax import model  # noqa: E402
+from rlvr_jax import sharding as S  # noqa: E402
+
+MODELS = {
+  "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=256, num_layers=2),
+  "20m": dict(
+    vocab_size=8192,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=64,
+  ),
+  "smollm2": dict(  # SmolLM2-135M shapes (random weights)
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+  ),
+}
+
+
+def bench(name: str, mesh_shape, repeats: int) -> list[dict]:
+  cfg = model.ModelConfig.tiny(**MODELS[name])
+  mesh = S.make_mesh(*mesh_shape)
+  train_sh = model.param_shardings(cfg, mesh, S.TRAIN_RULES)
+  sample_sh = model.param_shardings(cfg, mesh, S.SAMPLE_RULES)
+  params = model.init_params(cfg, jax.random.key(0), shardings=train_sh)
+  jax.block_until_ready(params)
+  rows = []
+  sample = None
+  for direction, src, dst in (
+    ("train->sample", params, sample_sh),
+    ("sample->train", None, train_sh),
+  ):
+    src = sample if src is None else src
+    jax.block_until_ready(S.reshard(src, dst))  # warm-up (compiles the transfers)
+    cost = S.reshard_cost(src, dst, repeats=repeats)
+    if sample is None:
+      sample = S.reshard(src, dst)
+    gathered = max(cost["bytes_per_device_after"] - cost["bytes_per_device_before"], 0.0)
+    rows.append(
+      dict(
+        model=name,
+        params_m=model.count_params(cfg) / 1e6,
+        mesh="x".join(map(str, mesh_shape)),
+        direction=direction,
+        ms=cost["seconds"] * 1e3,
+        mb_before=cost["bytes_per_device_before"] / 2**20,
+        mb_after=cost["bytes_per_device_after"] / 2**20,
+        gb_s=gathered / cost["seconds"] / 1e9,
+      )
+    )
+  del params, sample
+  return rows
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--models", default="tiny,20m,smollm2")
+  p.add_argument("--meshes", default="2,2,2;1,8,1", help="';'-separated data,fsdp,tensor sizes")
+  p.add_argument("--repeats", type=int, default=5)
+  args = p.parse_args()
+  print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].platform} devices")
+  header = "| model | params (M) | mesh (d x f x t) | direction | time (ms) | MiB/device before -> after | gathered GB/s |"
+  print(header)
+  print("|" + "---|" * 7)
+  t0 = time.perf_counter()
+  for name in args.models.split(","):
+    for m in args.meshes.split(";"):
+      for r in bench(name, tuple(int(x) for x in m.split(",")), args.repeats):
+        print(
+          f"| {r['model']} | {r['params_m']:.1f} | {r['mesh']} | {r['direction']} | "
+          f"{r['ms']:.2f} | {r['mb_before']:.2f} -> {r['mb_after']:.2f} | {r['gb_s']:.2f} |",
+          flush=True,
+        )
+  print(f"total {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+  main()
