@@ -163,6 +163,8 @@ def test_llama3_rope_scaling_golden():
     rope_scaling=scaling,
   )
   cfg = ModelConfig.from_hf_dict(d)
+  assert ModelConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+  assert cfg.to_hf_dict()["rope_parameters"]["rope_type"] == "llama3"
   base = 1.0 / 10000.0 ** (np.arange(0, 16, 2) / 16)
   got = rope_inv_freq(cfg)
   wavelen = 2 * np.pi / base

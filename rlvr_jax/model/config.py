@@ -216,6 +216,8 @@ class ModelConfig:
       "torch_dtype": self.dtype,
       "dtype": self.dtype,
     }
+    if self.rope_scaling is not None:  # transformers 4 reads this key, 5 reads rope_parameters
+      d["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
     if self.family == "llama":
       d["attention_bias"] = self.attention_bias
       d["mlp_bias"] = False
