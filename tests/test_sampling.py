@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_sampling_strategies import chi_square_pvalue
+from test_sampling_strategies import _reference_probs, chi_square_pvalue
 
 from rlvr_jax import sharding as sharding_lib
 from rlvr_jax.model import ModelConfig, forward, init_params, param_shardings
@@ -144,8 +144,8 @@ def test_prefill_decode_step_loop_matches_generate(params):
 
 def test_first_and_second_token_frequencies_match_softmax(params):
   """Chi-square: first-token counts over G = 3000 samples match softmax(logits / tau) of a full
-  forward pass (top-p truncated), and second tokens (given the most common first) match too."""
-  strategy = TopP(0.95, temperature=0.8)
+  forward pass (top-k and top-p truncated), and second tokens (given the most common first) match too."""
+  strategy = Combined(temperature=0.8, top_k=60, top_p=0.95)
   tokens, mask = pad_to_bucket(*_prompts(1, seed=7), pad_id=0)
   rollout = _generate(
     params, (tokens, mask), strategy, num_samples=3000, stop_tokens=(), max_new_tokens=2
@@ -157,13 +157,13 @@ def test_first_and_second_token_frequencies_match_softmax(params):
     logits, _ = forward(
       params, seq, np.arange(seq.shape[1])[None], config=CONFIG, return_logits=True
     )
-    logp, _ = strategy.log_probs(logits[0, -1])
-    return np.exp(np.asarray(logp, np.float64))
+    # Independent float64 NumPy truncation (test_sampling_strategies._reference_probs).
+    return _reference_probs(np.asarray(logits[0, -1]), temperature=0.8, top_k=60, top_p=0.95)[0]
 
   counts = np.bincount(sampled[:, 0], minlength=CONFIG.vocab_size)
   probs = reference(np.zeros(0, np.int32))
   assert chi_square_pvalue(counts, probs) > 1e-3
-  assert 0.95 * probs.size > (probs > 0).sum() > 5  # the truncation is active, not trivial
+  assert 60 > (probs > 0).sum() > 5  # top-p cuts inside the top-k set: both are active
   first = int(np.argmax(counts))
   second = sampled[sampled[:, 0] == first, 1]
   assert second.size > 100
