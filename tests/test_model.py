@@ -87,6 +87,9 @@ def test_kv_cache_prefill_then_token_by_token_equals_full_forward():
       return_logits=True,
     )
     outs.append(logits)
+    if s == 4:
+      compiled = forward._cache_size()
+  assert forward._cache_size() == compiled  # decode steps at new cache indices: no recompile
   cached = np.asarray(jnp.concatenate(outs, axis=1))
   assert int(cache.index) == S
   # stored positions: -1 for padding and for never-written slots
