@@ -31,7 +31,10 @@ CONFIG = ModelConfig.tiny(
   tie_word_embeddings=True,
   max_position_embeddings=256,
 )
+QWEN3 = CONFIG.replace(qk_norm=True, family="qwen3", head_dim=8, tie_word_embeddings=False)
 GGUF_NAMES = {
+  "self_attn.q_norm.weight": "attn_q_norm.weight",
+  "self_attn.k_norm.weight": "attn_k_norm.weight",
   "input_layernorm.weight": "attn_norm.weight",
   "self_attn.q_proj.weight": "attn_q.weight",
   "self_attn.k_proj.weight": "attn_k.weight",
@@ -81,6 +84,9 @@ def _write_gguf(path, params, config, arch="llama"):
   w.add_rope_freq_base(c.rope_theta)
   w.add_layer_norm_rms_eps(c.rms_norm_eps)
   w.add_eos_token_id(2)
+  if arch == "qwen3":
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
   for name, x in _hf_tensors(params, c).items():
     x = np.ascontiguousarray(x, np.float32)
     if name == "model.embed_tokens.weight":  # quantised, as in the real SmolLM2 file
@@ -89,11 +95,13 @@ def _write_gguf(path, params, config, arch="llama"):
         "token_embd.weight", q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0
       )
       continue
-    if name == "model.norm.weight":
-      w.add_tensor("output_norm.weight", x)
+    if name in ("model.norm.weight", "lm_head.weight"):
+      w.add_tensor({"model.norm.weight": "output_norm.weight"}.get(name, "output.weight"), x)
       continue
     _, _, layer, suffix = name.split(".", 3)
-    if suffix == "self_attn.q_proj.weight":
+    if arch != "llama":  # llama.cpp permutes Q/K rows of Llama models only
+      pass
+    elif suffix == "self_attn.q_proj.weight":
       x = _llama_cpp_permute(x, c.num_heads)
     elif suffix == "self_attn.k_proj.weight":
       x = _llama_cpp_permute(x, c.num_kv_heads)
@@ -133,6 +141,18 @@ def test_gguf_round_trip(tmp_path):
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
   b16, c16 = load_gguf(path, dtype="bfloat16")
   assert c16.dtype == "bfloat16" and b16["layers"]["wq"].dtype == jnp.bfloat16
+
+
+def test_gguf_qwen3_round_trip(tmp_path):
+  """Qwen3 GGUF: unpermuted Q/K, q/k norms, head_dim from key_length, untied output."""
+  params = jax.tree.map(lambda x: x * 5.0, init_params(QWEN3, jax.random.key(1)))
+  path = tmp_path / "qwen3.gguf"
+  _write_gguf(path, params, QWEN3, arch="qwen3")
+  loaded, config = load_gguf(path)
+  assert config == QWEN3.replace(pad_token_id=None, bos_token_id=None)
+  for name, value in params["layers"].items():
+    np.testing.assert_array_equal(np.asarray(loaded["layers"][name]), np.asarray(value), name)
+  np.testing.assert_array_equal(np.asarray(loaded["lm_head"]), np.asarray(params["lm_head"]))
 
 
 def test_gguf_bad_files(tmp_path):
