@@ -82,7 +82,8 @@ class Tokenizer:
     """
     if isinstance(texts, str):
       raise TypeError("encode_batch takes a list of strings, got one string")
-    rows = [self.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+    texts = list(texts)
+    rows = self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
     if max_length is not None:
       rows = [r[-max_length:] if max_length > 0 else [] for r in rows]
     S = max_length if max_length is not None else max((len(r) for r in rows), default=0)
@@ -107,10 +108,8 @@ class Tokenizer:
     mask = np.asarray(mask, bool)
     if ids.shape != mask.shape:
       raise ValueError(f"decode_batch: ids {ids.shape} and mask {mask.shape} differ")
-    return [
-      self.decode(row[m].tolist(), skip_special_tokens=skip_special_tokens)
-      for row, m in zip(ids, mask, strict=True)
-    ]
+    rows = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+    return self.hf.batch_decode(rows, skip_special_tokens=skip_special_tokens)
 
   def apply_chat_template(
     self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]], add_generation_prompt=True
