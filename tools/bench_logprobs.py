@@ -310,12 +310,12 @@ def _worker(args):
   _reset_peak()
   base_kib = _status_kib("VmRSS")
   times = []
-  for i in range(args.reps + 1):
+  for i in range(args.reps + args.warmup):
     start = time.perf_counter()
     out = step()
     elapsed = time.perf_counter() - start
     del out
-    if i > 0:  # the first run is the warm-up
+    if i >= args.warmup:  # the first `warmup` runs are not timed
       times.append(elapsed)
   peak_kib = _status_kib("VmHWM")
   with open(args.result, "w") as f:
@@ -338,7 +338,7 @@ def _run_worker(name, inputs, result, args, mode, num_tokens=0, reps=0):
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--inputs", inputs]
   cmd += ["--result", result, "--mode", mode, "--reps", str(reps or args.reps)]
   cmd += ["--chunk-size", str(args.chunk_size), "--num-tokens", str(num_tokens)]
-  cmd += ["--vocab-chunk-size", str(args.vocab_chunk_size)]
+  cmd += ["--vocab-chunk-size", str(args.vocab_chunk_size), "--warmup", str(args.warmup)]
   cmd += ["--seed", str(args.seed)]
   if args.verl_src:
     cmd += ["--verl-src", args.verl_src]
@@ -386,6 +386,7 @@ def main():
   parser.add_argument("--tokens", type=int, nargs="*", default=[2048, 8192])
   parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
   parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
   parser.add_argument("--reps-large", type=int, default=0, help="reps for T > 4096 (0: --reps)")
   parser.add_argument("--contenders-large", nargs="*", default=None, help="contenders for T > 4096")
   parser.add_argument("--chunk-size", type=int, default=0, help="0: library default")
