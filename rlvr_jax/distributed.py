@@ -142,7 +142,8 @@ def initialize(
 
 def define_flags() -> None:
   """Registers ``--distributed``, ``--coordinator_address``, ``--num_processes``,
-  ``--process_id`` with absl (idempotent); ``initialize_from_flags`` reads them."""
+  ``--process_id`` (read by ``initialize_from_flags``) and ``--mesh`` (``data,fsdp,tensor`` sizes
+  for ``train.sharded.train``) with absl (idempotent)."""
   from absl import flags
 
   if "coordinator_address" in flags.FLAGS:
@@ -151,6 +152,12 @@ def define_flags() -> None:
   flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process)")
   flags.DEFINE_integer("num_processes", None, "number of processes (multi-process)")
   flags.DEFINE_integer("process_id", None, "this process's index in [0, num_processes)")
+  flags.DEFINE_string(
+    "mesh",
+    "",
+    "data,fsdp,tensor mesh sizes over all devices (one may be -1); empty: a single device "
+    "(one process) or FSDP over all devices (several processes)",
+  )
 
 
 def initialize_from_flags() -> ProcessInfo:

@@ -172,3 +172,12 @@ def test_reshard_round_trip_is_exact(mesh_shape):
   ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert "fsdp" not in jax.tree.leaves(tuple(c.spec))
+
+
+def test_parse_mesh_flag():
+  assert sharded.parse_mesh("") is None
+  assert sharded.parse_mesh("2,-1,2") == (2, -1, 2)
+  with pytest.raises(ValueError, match="expected three sizes"):
+    sharded.parse_mesh("2,2")
+  with pytest.raises(ValueError, match="expected three integers"):
+    sharded.parse_mesh("2,x,1")

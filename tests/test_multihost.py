@@ -58,3 +58,30 @@ def test_two_processes_match_one_process(tmp_path):
     cmp = multihost_demo.compare(str(tmp_path), "p2x4", ref)
     assert cmp["param_max_abs_diff"] < 2e-5, (ref, cmp["param_max_abs_diff"])
     assert cmp["metric_max_abs_diff"] < 2e-5, (ref, cmp["metric_max_abs_diff"])
+
+
+@pytest.mark.slow
+def test_trainer_host_loop_two_processes_with_resume_matches_one_process(tmp_path):
+  """The real host loop (``MeshTrainer``: sampling, reward workers on each process's own groups,
+  advantages, 2 updates per step, held-out eval, JSONL, orbax): two processes run 1 step and stop
+  (collective checkpoint), a second two-process launch resumes and runs step 2; the result equals
+  one process running both steps on the same 8-device mesh."""
+  sys.path.insert(0, os.path.join(ROOT, "tools"))
+  try:
+    import multihost_demo
+  finally:
+    sys.path.pop(0)
+  two = ("--launch=2", "--devices_per_process=4", "--trainer")
+  _launch(tmp_path, *two, "--stop_after=1")
+  assert sorted(os.listdir(tmp_path / "trainer_p2x4" / "checkpoints")) == ["1"]
+  _launch(tmp_path, *two)
+  _launch(tmp_path, "--launch=1", "--devices_per_process=8", "--trainer")
+  out = multihost_demo.compare_trainer(str(tmp_path), "p2x4_stop0", "p1x8_stop0")
+  assert out["steps"] == [0, 1, 2, 2]  # eval before, 2 RL steps (1 before the restart), eval after
+  assert out["info"][0]["process_count"] == 2 and out["info"][1]["process_count"] == 1
+  assert out["param_max_abs_diff"] < 2e-5, out
+  assert out["metric_max_abs_diff"] < 2e-5, out
+  # Only process 0 logs into the run directory; process 1 writes its own copy elsewhere.
+  assert (tmp_path / "trainer_p2x4" / "process_1" / "metrics.jsonl").exists()
+  with open(tmp_path / "log_p2x4_0.txt") as f:
+    assert "resumed from step 1" in f.read()

@@ -45,7 +45,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch(num: int, devices: int, workdir: str, steps: int, mesh: str, timeout: float) -> str:
+def launch(
+  num: int, devices: int, workdir: str, steps: int, mesh: str, timeout: float, extra=()
+) -> str:
   """Starts ``num`` worker processes and waits; returns the run tag. Raises on any failure."""
   os.makedirs(workdir, exist_ok=True)
   tag = f"p{num}x{devices}"
@@ -57,7 +59,7 @@ def launch(num: int, devices: int, workdir: str, steps: int, mesh: str, timeout:
   procs = []
   for i in range(num):
     cmd = [sys.executable, os.path.abspath(__file__), f"--workdir={workdir}", f"--tag={tag}"]
-    cmd += [f"--steps={steps}", f"--mesh={mesh}"]
+    cmd += [f"--steps={steps}", f"--mesh={mesh}", *extra]
     if num > 1:
       cmd += [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num}"]
       cmd += [f"--process_id={i}"]
@@ -245,6 +247,71 @@ def worker(args) -> None:
   print(f"process {info.process_index}/{info.process_count}: rows {mine}, done", flush=True)
 
 
+def trainer_config(workdir: str, steps: int, stop_after: int):
+  """A tiny arithmetic RL run of the real trainer (train.loop) for the multi-process check."""
+  from rlvr_jax.train import config as config_lib
+
+  c = config_lib.base_config()
+  c.workdir = workdir
+  c.model.hidden_size, c.model.intermediate_size, c.model.num_layers = 32, 64, 1
+  c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = 2, 2, 16
+  c.data.task.max_value = 9
+  c.data.num_eval = 4
+  c.sampling.num_samples = 2
+  c.sampling.max_new_tokens = 3
+  c.rl.num_steps = steps
+  c.rl.prompts_per_step = 4
+  c.rl.num_epochs = 2
+  c.rl.zero_variance = "keep"
+  c.objective.name = "dapo"
+  c.objective.kwargs.entropy_coef = 0.05
+  c.optim.learning_rate = 1e-2
+  c.optim.eps = 1e-4
+  c.eval.every = 0
+  c.eval.num_samples = 2
+  c.checkpoint.every = 1
+  c.checkpoint.async_save = False
+  c.logging.progress = c.logging.tensorboard = c.logging.plot = False
+  c.max_steps_this_run = stop_after
+  return c
+
+
+def trainer_worker(args) -> None:
+  """``train.sharded.MeshTrainer`` (the real host loop) on the global mesh; ``--stop_after`` > 0
+  stops early (checkpointed), a second launch resumes from the collective checkpoint."""
+  from rlvr_jax import distributed
+
+  info = distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  import jax
+  import numpy as np
+
+  from rlvr_jax import sharding as S
+  from rlvr_jax.metrics import read_jsonl
+  from rlvr_jax.train import sharded
+
+  jax.config.update("jax_default_matmul_precision", "highest")
+  mesh = S.make_mesh(*[int(x) for x in args.mesh.split(",")])
+  workdir = os.path.join(args.workdir, f"trainer_{args.tag}")
+  c = trainer_config(workdir, args.steps, args.stop_after)
+  trainer = sharded.MeshTrainer(c, mesh=mesh, log=lambda s: print(s, flush=True))
+  try:
+    trainer.run()
+    params = sharded.to_host(trainer.state.params)
+  finally:
+    trainer.close()
+  if jax.process_index() == 0:
+    flat = {
+      "/".join(str(k) for k in path): v for path, v in jax.tree_util.tree_leaves_with_path(params)
+    }
+    suffix = f"{args.tag}_stop{args.stop_after}"
+    np.savez(os.path.join(args.workdir, f"trainer_result_{suffix}.npz"), **flat)
+    with open(os.path.join(args.workdir, f"trainer_metrics_{suffix}.json"), "w") as f:
+      json.dump(
+        {"info": info.__dict__, "metrics": read_jsonl(os.path.join(workdir, "metrics.jsonl"))}, f
+      )
+  print(f"process {info.process_index}/{info.process_count}: trainer done", flush=True)
+
+
 def compare(workdir: str, a: str, b: str) -> dict:
   """Max |difference| of final params and per-step metrics between runs ``a`` and ``b``."""
   import numpy as np
@@ -266,6 +333,37 @@ def compare(workdir: str, a: str, b: str) -> dict:
   return {"param_max_abs_diff": param_diff, "metric_max_abs_diff": metric_diff, a: ma, b: mb}
 
 
+def compare_trainer(workdir: str, a: str, b: str) -> dict:
+  """Max |difference| of final params and of the logged metrics (timings excluded) between two
+  ``--trainer`` runs named by their result suffix (e.g. ``p2x4_stop0``)."""
+  import numpy as np
+
+  pa = np.load(os.path.join(workdir, f"trainer_result_{a}.npz"))
+  pb = np.load(os.path.join(workdir, f"trainer_result_{b}.npz"))
+  if sorted(pa.files) != sorted(pb.files):
+    raise ValueError(f"param trees differ: {sorted(pa.files)} vs {sorted(pb.files)}")
+  runs = []
+  for name in (a, b):
+    with open(os.path.join(workdir, f"trainer_metrics_{name}.json")) as f:
+      runs.append(json.load(f))
+  skip = ("time", "reward/time_s", "reward/items_per_s", "eval/time_s")
+  ma, mb = runs[0]["metrics"], runs[1]["metrics"]
+  if [r["step"] for r in ma] != [r["step"] for r in mb]:
+    raise ValueError(f"logged steps differ: {[r['step'] for r in ma]} vs {[r['step'] for r in mb]}")
+  metric_diff = max(
+    abs(x[k] - y[k])
+    for x, y in zip(ma, mb, strict=True)
+    for k in x
+    if not k.startswith(skip) and k != "step"
+  )
+  return {
+    "param_max_abs_diff": max(float(np.abs(pa[k] - pb[k]).max()) for k in pa.files),
+    "metric_max_abs_diff": float(metric_diff),
+    "steps": [r["step"] for r in ma],
+    "info": [r["info"] for r in runs],
+  }
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--launch", type=int, default=0, help="start this many processes here")
@@ -276,6 +374,8 @@ def main() -> None:
   p.add_argument("--mesh", default="2,2,2", help="data,fsdp,tensor sizes (-1 = infer)")
   p.add_argument("--timeout", type=float, default=900)
   p.add_argument("--compare", nargs=2, metavar=("TAG_A", "TAG_B"))
+  p.add_argument("--trainer", action="store_true", help="run the real host loop (MeshTrainer)")
+  p.add_argument("--stop_after", type=int, default=0, help="--trainer: stop after this many steps")
   p.add_argument("--coordinator_address")
   p.add_argument("--num_processes", type=int)
   p.add_argument("--process_id", type=int)
@@ -284,10 +384,19 @@ def main() -> None:
     out = compare(args.workdir, *args.compare)
     print(json.dumps({k: out[k] for k in ("param_max_abs_diff", "metric_max_abs_diff")}))
   elif args.launch:
+    extra = ["--trainer", f"--stop_after={args.stop_after}"] if args.trainer else []
     tag = launch(
-      args.launch, args.devices_per_process, args.workdir, args.steps, args.mesh, args.timeout
+      args.launch,
+      args.devices_per_process,
+      args.workdir,
+      args.steps,
+      args.mesh,
+      args.timeout,
+      extra,
     )
     print(tag)
+  elif args.trainer:
+    trainer_worker(args)
   else:
     worker(args)
 

@@ -211,21 +211,121 @@ def sharded_train_step(train_step, shardings: TrainState, mesh: Mesh):
   return run
 
 
+def group_range(num_groups: int, group_size: int, mesh: Mesh) -> tuple[int, int]:
+  """Groups ``[g0, g1)`` whose rewards this process computes.
+
+  The groups whose rows live on this process's devices (``process_rows``) when they hold whole
+  groups; otherwise an even split of the groups over the processes.
+  """
+  n, pid = jax.process_count(), jax.process_index()
+  if n == 1:
+    return 0, num_groups
+  try:
+    rows = process_rows(num_groups * group_size, mesh)
+  except ValueError:
+    rows = None
+  if rows is not None and rows.start % group_size == 0 and rows.stop % group_size == 0:
+    return rows.start // group_size, rows.stop // group_size
+  return pid * num_groups // n, (pid + 1) * num_groups // n
+
+
+def _allgather_rows(local: np.ndarray, counts: list[int]) -> np.ndarray:
+  """Concatenates every process's [n_i, ...] rows in process order (padded all-gather)."""
+  from jax.experimental import multihost_utils
+
+  width = max(counts)
+  pad = np.full((width - local.shape[0], *local.shape[1:]), np.nan, np.float64)
+  table = multihost_utils.process_allgather(np.concatenate([local.astype(np.float64), pad], 0))
+  return np.concatenate([np.asarray(table)[i, :c] for i, c in enumerate(counts)], 0)
+
+
+class _GatheredRewards:
+  """Future of a ``RewardResult`` for all rows, from this process's future for its own rows.
+
+  ``result()`` is collective (every process must call it, in the same order).
+  """
+
+  def __init__(self, future, counts: list[int], offset: int):
+    self.future, self.counts, self.offset = future, counts, offset
+
+  def result(self):
+    r = self.future.result()
+    rewards = _allgather_rows(np.asarray(r.rewards), self.counts).astype(np.float32)
+    info = {
+      k: _allgather_rows(np.asarray(r.info[k], np.float64), self.counts).astype(np.float32)
+      for k in sorted(r.info)
+    }
+    token = None
+    if r.token_rewards is not None:
+      token = _allgather_rows(np.asarray(r.token_rewards), self.counts).astype(np.float32)
+    failures = [dataclasses.replace(f, index=f.index + self.offset) for f in r.failures]
+    metrics = reduce_metrics(r.metrics, weight=float(len(r.rewards)))
+    return dataclasses.replace(
+      r, rewards=rewards, info=info, token_rewards=token, failures=failures, metrics=metrics
+    )
+
+
+def _multiprocess_collector(collector, mesh: Mesh):
+  """Turns a ``train.rollout.Collector`` into its multi-process variant (in place).
+
+  Rollouts and scoring passes are gathered to every host (small [B, T] arrays) so the host loop
+  runs identically everywhere; each process computes the rewards of its own groups
+  (``group_range``) in its own reward workers, and the results are all-gathered.
+  """
+  base = type(collector)
+
+  class MultiProcessCollector(base):
+    def sample(self, params, records, **kwargs):
+      texts, ro = super().sample(params, records, **kwargs)
+      return texts, to_host(ro)
+
+    def _scores(self, params, ref_params, rollout, *, need_old):
+      return to_host(super()._scores(params, ref_params, rollout, need_old=need_old))
+
+    def submit_rewards(self, texts, records, rollout, num_samples):
+      num_groups = len(records)
+      g0, g1 = group_range(num_groups, num_samples, mesh)
+      b, rows = num_groups * num_samples, slice(g0 * num_samples, g1 * num_samples)
+      local = jax.tree.map(lambda x: x[rows] if np.ndim(x) and np.shape(x)[0] == b else x, rollout)
+      completions, future = super().submit_rewards(texts[g0:g1], records[g0:g1], local, num_samples)
+      from jax.experimental import multihost_utils
+
+      spans = np.asarray(multihost_utils.process_allgather(np.array([g0, g1], np.int64)))
+      counts = [int(hi - lo) * num_samples for lo, hi in spans.reshape(-1, 2)]
+      return completions, _GatheredRewards(future, counts, rows.start)
+
+  collector.__class__ = MultiProcessCollector
+  return collector
+
+
 class MeshTrainer:
   """Factory for a ``train.loop.Trainer`` on a mesh (see the module docstring).
 
   ``MeshTrainer(config, mesh=mesh)`` returns a Trainer subclass instance whose state is in the
   training layout, whose minibatches are row-sharded, and whose rollouts sample with params in the
-  sampling layout. Single process (the host loop reads whole rollout batches back on the host).
+  sampling layout. With several processes (``rlvr_jax.distributed``) every process runs the same
+  host loop on host copies of the (small) rollout arrays, computes the rewards of its own groups,
+  writes checkpoints collectively into ``config.workdir``, and only process 0 logs there (the
+  others write their metrics to ``<workdir>/process_<i>``).
   """
 
   def __new__(cls, config, *, mesh: Mesh, log=print):
+    import os
+
     from rlvr_jax.train import loop
+
+    primary = jax.process_index() == 0
 
     class _Trainer(loop.Trainer):
       def __init__(self):
-        super().__init__(config, log=log)
+        super().__init__(config, log=log if primary else (lambda s: None))
         self.mesh = mesh
+        if not primary:  # checkpoints stay shared; logs, summaries, plots go elsewhere
+          c = config.copy_and_resolve_references()
+          c.workdir = os.path.join(config.workdir, f"process_{jax.process_index()}")
+          c.logging.progress = False
+          os.makedirs(c.workdir, exist_ok=True)
+          self.c = c
         self.shardings = state_shardings(
           self.state, mesh=mesh, model_config=self.model_config, optimizer=self.optimizer
         )
@@ -235,6 +335,8 @@ class MeshTrainer:
         with jax.set_mesh(mesh):
           self.state = place(self.state, self.shardings)
         self.train_step = sharded_train_step(self.train_step, self.shardings, mesh)
+        if jax.process_count() > 1:
+          _multiprocess_collector(self.collector, mesh)
         self.collector = _SamplingLayout(self.collector, self.sample_shardings, mesh)
 
       def _minibatch(self, batch, rows):
@@ -282,3 +384,32 @@ class _SamplingLayout:
   def sample(self, params, records, **kwargs):
     with jax.set_mesh(self.mesh):
       return self.inner.sample(self._to_sample(params), records, **kwargs)
+
+
+def parse_mesh(text: str) -> tuple[int, int, int] | None:
+  """``"data,fsdp,tensor"`` sizes (one may be -1) -> a tuple; ``""`` -> None (no mesh)."""
+  if not text.strip():
+    return None
+  try:
+    sizes = tuple(int(x) for x in text.split(","))
+  except ValueError as e:
+    raise ValueError(f"--mesh={text!r}: expected three integers 'data,fsdp,tensor'") from e
+  if len(sizes) != 3:
+    raise ValueError(f"--mesh={text!r}: expected three sizes 'data,fsdp,tensor', got {len(sizes)}")
+  return sizes
+
+
+def train(config, *, mesh_sizes=None, log=print) -> dict:
+  """``train.loop.train`` on a mesh: ``mesh_sizes`` (data, fsdp, tensor; -1 = infer) over all
+  devices of all processes. ``None`` with one process: the plain single-device ``Trainer``;
+  ``None`` with several processes: FSDP over every device, ``(1, -1, 1)``."""
+  from rlvr_jax.train import loop
+
+  if mesh_sizes is None and jax.process_count() == 1:
+    return loop.train(config, log=log)
+  mesh = sharding_lib.make_mesh(*(mesh_sizes or (1, -1, 1)))
+  trainer = MeshTrainer(config, mesh=mesh, log=log)
+  try:
+    return trainer.run()
+  finally:
+    trainer.close()
