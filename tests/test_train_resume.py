@@ -33,7 +33,7 @@ def _config(workdir):
   c.objective.name = "dapo"
   c.optim.learning_rate = 3e-2
   c.eval.every = 0
-  c.eval.num_samples = 2
+  c.eval.num_samples = 4  # eval shapes = train shapes (P = 4, G = 4): one sampler compile
   c.checkpoint.every = 1
   c.checkpoint.keep = 2
   c.logging.progress = False
