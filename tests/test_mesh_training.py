@@ -181,3 +181,26 @@ def test_parse_mesh_flag():
     sharded.parse_mesh("2,2")
   with pytest.raises(ValueError, match="expected three integers"):
     sharded.parse_mesh("2,x,1")
+
+
+def test_gathered_rewards_and_group_range_single_process():
+  import concurrent.futures
+
+  from rlvr_jax.rewards.runtime import RewardFailure, RewardResult
+
+  mesh = S.make_mesh(2, 2, 2)
+  assert sharded.group_range(4, 2, mesh) == (0, 4)
+  fut = concurrent.futures.Future()
+  fut.set_result(
+    RewardResult(
+      rewards=np.array([1.0, np.nan, 0.0], np.float32),
+      failures=[RewardFailure(index=1, cause="timeout", message="t", elapsed_s=1.0)],
+      metrics={"reward/time_s": 0.5},
+      info={"correct": np.array([1.0, np.nan, 0.0])},
+    )
+  )
+  r = sharded._GatheredRewards(fut, counts=[3], offset=5).result()
+  np.testing.assert_array_equal(r.rewards, np.array([1.0, np.nan, 0.0], np.float32))
+  assert r.rewards.dtype == np.float32 and r.info["correct"].dtype == np.float32
+  assert [f.index for f in r.failures] == [6]  # local row 1 of a process whose rows start at 5
+  assert r.metrics == {"reward/time_s": 0.5}
