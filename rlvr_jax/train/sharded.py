@@ -251,9 +251,12 @@ class _GatheredRewards:
   def result(self):
     r = self.future.result()
     rewards = _allgather_rows(np.asarray(r.rewards), self.counts).astype(np.float32)
+    # Numeric info columns (e.g. ``correct``) are gathered; others (strings) cannot be and are
+    # dropped.
     info = {
-      k: _allgather_rows(np.asarray(r.info[k], np.float64), self.counts).astype(np.float32)
-      for k in sorted(r.info)
+      k: _allgather_rows(np.asarray(v, np.float64), self.counts).astype(np.float32)
+      for k, v in sorted(r.info.items())
+      if np.asarray(v).dtype.kind in "biuf"
     }
     token = None
     if r.token_rewards is not None:
