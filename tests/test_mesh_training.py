@@ -204,3 +204,21 @@ def test_gathered_rewards_and_group_range_single_process():
   assert r.rewards.dtype == np.float32 and r.info["correct"].dtype == np.float32
   assert [f.index for f in r.failures] == [6]  # local row 1 of a process whose rows start at 5
   assert r.metrics == {"reward/time_s": 0.5}
+
+
+def test_combine_process_metrics():
+  keys = ["a/max", "a/min", "loss", "nan_everywhere"]
+  # 3 processes with weights 1, 3, 0 (the last holds no samples); process 1's loss failed (NaN).
+  table = np.array(
+    [
+      [[2.0, 1.0], [2.0, 1.0], [1.0, 1.0], [np.nan, 1.0]],
+      [[5.0, 3.0], [-1.0, 3.0], [np.nan, 3.0], [np.nan, 3.0]],
+      [[np.nan, 0.0], [np.nan, 0.0], [4.0, 2.0], [np.nan, 0.0]],
+    ]
+  )
+  out = sharded.combine_process_metrics(keys, table)
+  assert out["a/max"] == 5.0 and out["a/min"] == -1.0
+  assert out["loss"] == pytest.approx((1.0 * 1 + 4.0 * 2) / 3)
+  assert np.isnan(out["nan_everywhere"])
+  with pytest.raises(ValueError, match=r"must be \[P, K=4, 2\]"):
+    sharded.combine_process_metrics(keys, table[:, :3])

@@ -156,9 +156,9 @@ def to_host(tree: Any) -> Any:
 def reduce_metrics(metrics: dict[str, float], weight: float = 1.0) -> dict[str, float]:
   """Combines per-process host metrics: weighted mean, or min/max for keys ending in /min, /max.
 
-  ``weight`` is this process's share (e.g. its number of samples; NaN values are excluded). One
-  all-gather of a [K, 2] array; every process gets the same dict. Single process: unchanged
-  values (as floats).
+  ``weight`` is this process's share (e.g. its number of samples; NaN values are excluded). Every
+  process must pass the same keys. One all-gather of a [K, 2] array; every process gets the same
+  dict (``combine_process_metrics``). Single process: unchanged values (as floats).
   """
   keys = sorted(metrics)
   if jax.process_count() == 1:
@@ -166,21 +166,34 @@ def reduce_metrics(metrics: dict[str, float], weight: float = 1.0) -> dict[str, 
   from jax.experimental import multihost_utils
 
   values = np.array([float(metrics[k]) for k in keys], np.float64)
-  w = np.where(np.isfinite(values), float(weight), 0.0)
-  table = np.asarray(multihost_utils.process_allgather(np.stack([values, w], -1)))  # [P, K, 2]
-  vals, ws = table[..., 0], table[..., 1]
+  local = np.stack([values, np.full_like(values, float(weight))], -1)
+  return combine_process_metrics(keys, np.asarray(multihost_utils.process_allgather(local)))
+
+
+def combine_process_metrics(keys, table: np.ndarray) -> dict[str, float]:
+  """``table`` [P, K, 2] of (value, weight) per process and key -> one value per key.
+
+  mean-type key:  sum_p w_p v_p / sum_p w_p  over processes with finite v_p (NaN if none)
+  ``*/min``, ``*/max``:  min / max over finite v_p
+  """
+  table = np.asarray(table, np.float64)
+  if table.ndim != 3 or table.shape[1:] != (len(keys), 2):
+    raise ValueError(f"table {table.shape} must be [P, K={len(keys)}, 2]")
   out = {}
   for i, k in enumerate(keys):
-    v, wk = vals[:, i], ws[:, i]
+    v, w = table[:, i, 0], table[:, i, 1]
     finite = np.isfinite(v)
-    if k.endswith("/min"):
-      out[k] = float(v[finite].min()) if finite.any() else float("nan")
-    elif k.endswith("/max"):
-      out[k] = float(v[finite].max()) if finite.any() else float("nan")
-    elif wk.sum() > 0:
-      out[k] = float(np.sum(np.where(finite, v, 0.0) * wk) / wk.sum())
-    else:
+    if not finite.any():
       out[k] = float("nan")
+    elif k.endswith("/min"):
+      out[k] = float(v[finite].min())
+    elif k.endswith("/max"):
+      out[k] = float(v[finite].max())
+    else:
+      wf = np.where(finite, w, 0.0)
+      out[k] = (
+        float(np.sum(np.where(finite, v, 0.0) * wf) / wf.sum()) if wf.sum() > 0 else float("nan")
+      )
   return out
 
 
