@@ -195,13 +195,14 @@ def main():
   parser.add_argument(
     "--skip-compiled", action="store_true", help="skip static cache + torch.compile"
   )
+  parser.add_argument("--torch-threads", type=int, default=os.cpu_count() or 1)
   args = parser.parse_args()
   import torch
 
-  torch.set_num_threads(os.cpu_count() or 1)
+  torch.set_num_threads(args.torch_threads)
   print(
     f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()}-core CPU; "
-    f"jax {jax.__version__}, torch {torch.__version__}"
+    f"jax {jax.__version__}, torch {torch.__version__} ({args.torch_threads} threads)"
   )
   print("# load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
   print(
