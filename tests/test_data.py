@@ -154,3 +154,24 @@ def test_char_tokenizer_round_trip_and_left_padding():
   ids, mask = data.encode_prompts(["1+2="], tok, add_special_tokens=True, bucket=8)
   assert ids.shape == (1, 8) and mask.sum() == 5 and mask[0, -1]
   assert tok.apply_chat_template([{"role": "user", "content": "3+4="}]) == "3+4="
+
+
+def test_countdown_records_are_solvable_and_scored_by_the_reward():
+  import itertools
+
+  from rlvr_jax import rewards
+
+  reward = rewards.CountdownReward()
+  spec = data.TaskSpec(name="countdown", num_terms=3, min_value=1, max_value=9)
+  for i in range(5):
+    r = tasks.make_example(spec, i, seed=0, split="train")
+    found = None
+    for perm in itertools.permutations(r["numbers"]):
+      for ops in itertools.product("+-*", repeat=2):
+        expr = f"({perm[0]}{ops[0]}{perm[1]}){ops[1]}{perm[2]}"
+        if eval(expr) == r["target"]:
+          found = expr
+    assert found is not None, r
+    out = reward.evaluate([r["prompt"]], [f"<answer>{found}</answer>"], numbers=[r["numbers"]],
+                 target=[r["target"]])  # fmt: skip
+    assert float(out.info["correct"][0]) == 1.0

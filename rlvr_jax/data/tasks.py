@@ -108,9 +108,10 @@ def _countdown(spec: TaskSpec, rng: np.random.Generator) -> dict:
     target = {"+": target + v, "-": target - v, "*": target * v}[op]
   order = rng.permutation(len(numbers))
   shown = [numbers[i] for i in order]
+  # rewards.CountdownReward scores the expression in the last <answer>...</answer> tag.
   prompt = (
     f"Using the numbers {shown}, each exactly once, and + - * ( ), write an expression equal to "
-    f"{target}. {BOXED_INSTRUCTION}"
+    f"{target}. Give the expression inside <answer></answer>."
   )
   return {
     "prompt": prompt,
