@@ -79,3 +79,6 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
   assert full == resumed
   # The run really trained (RiskPO gives A = 0 to papers above q_beta, so not every step moves).
   assert any(r.get("update_norm", 0.0) > 0 for r in full)
+  # The second minibatch of a step is off-policy: its old_logp (from the pre-update scoring pass)
+  # differs from the current log-probs, so the KL to the old policy is positive.
+  assert any(r.get("kl_old/k3", 0.0) > 0 for r in full)
