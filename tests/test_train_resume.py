@@ -1,9 +1,13 @@
 """Exact resume: N steps uninterrupted == N/2 steps, kill (mid-save), resume, N/2 steps."""
 
 import os
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
+import pytest
 
 from rlvr_jax.metrics import read_jsonl
 from rlvr_jax.train import config as config_lib
@@ -82,3 +86,36 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
   # The second minibatch of a step is off-policy: its old_logp (from the pre-update scoring pass)
   # differs from the current log-probs, so the KL to the old policy is positive.
   assert any(r.get("kl_old/k3", 0.0) > 0 for r in full)
+
+
+@pytest.mark.slow
+def test_sigkill_during_run_then_resume_matches(tmp_path):
+  """A real `kill -9` of `python -m rlvr_jax.main` after its first checkpoints, then a resume."""
+  n = 6
+  base = [
+    sys.executable, "-m", "rlvr_jax.main", "--config=experiments/default.py",
+    "--config.warm_start.num_steps=0", "--config.warm_start.clean_steps=0",
+    f"--config.rl.num_steps={n}", "--config.rl.prompts_per_step=8", "--config.data.num_eval=8",
+    "--config.eval.every=0", "--config.checkpoint.every=1", "--config.logging.progress=False",
+    "--config.logging.plot=False", "--config.checkpoint.async_save=True",
+  ]  # fmt: skip
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  subprocess.run([*base, f"--config.workdir={tmp_path / 'full'}"], check=True, env=env,
+                 capture_output=True, timeout=900)  # fmt: skip
+  work = tmp_path / "killed"
+  proc = subprocess.Popen([*base, f"--config.workdir={work}"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+  deadline = time.time() + 900
+  while time.time() < deadline:
+    done = [d for d in os.listdir(work / "checkpoints")] if (work / "checkpoints").exists() else []
+    if any(d.isdigit() and int(d) >= 2 for d in done):
+      break
+    time.sleep(0.05)
+  proc.kill()  # SIGKILL, possibly in the middle of the next step or save
+  proc.wait()
+  subprocess.run([*base, f"--config.workdir={work}"], check=True, env=env, capture_output=True,
+                 timeout=900)  # fmt: skip
+  full = _comparable(read_jsonl(str(tmp_path / "full" / "metrics.jsonl")))
+  resumed = _comparable(read_jsonl(str(work / "metrics.jsonl")))
+  assert full == resumed
+  assert [r["step"] for r in full] == [0, *range(1, n + 1), n]
