@@ -47,9 +47,9 @@ def _batch(seed=0, *, nan_adv=False):
   ), cmask
 
 
-def _state(optimizer):
+def _state(optimizer, extra=None):
   params = model.init_params(CFG, jax.random.key(0))
-  return init_state(params, optimizer, jax.random.key(1))
+  return init_state(params, optimizer, jax.random.key(1), extra)
 
 
 def _run(objective, num_microbatches, *, on_policy=False, kwargs=None, seed=0):
@@ -67,7 +67,8 @@ def _run(objective, num_microbatches, *, on_policy=False, kwargs=None, seed=0):
   )
   batch, cmask = _batch(seed)
   num_tokens, num_seqs = float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
-  state, metrics = step(_state(opt), batch, num_tokens, num_seqs, jax.random.key(5))
+  extra = step_lib.init_siren_extra() if objective == "siren" else None
+  state, metrics = step(_state(opt, extra), batch, num_tokens, num_seqs, jax.random.key(5))
   return state, jax.device_get(metrics)
 
 
@@ -76,6 +77,7 @@ def _run(objective, num_microbatches, *, on_policy=False, kwargs=None, seed=0):
   [
     ("grpo", {}),  # seq_mean_token_mean
     ("clip_cov", {"clip_cov_ratio": 0.2}),  # token_mean, step-scope statistic + per-token noise
+    ("siren", {"seq_norm_constant": float(T), "siren_coef": 0.5}),  # squared step statistic
   ],
 )
 def test_microbatched_step_equals_full_batch(objective, kwargs):
@@ -86,6 +88,9 @@ def test_microbatched_step_equals_full_batch(objective, kwargs):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   for key in ("loss", "grad_norm", "update_norm", "ratio/mean", "clip_frac/high", "ratio/max"):
     np.testing.assert_allclose(m_full[key], m_split[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  if objective == "siren":  # the anchor was set (from NaN) to the step's H_sel, split-invariant
+    assert np.isfinite(float(full.extra["siren_anchor"]))
+    np.testing.assert_allclose(full.extra["siren_anchor"], split.extra["siren_anchor"], rtol=1e-6)
 
 
 def test_step_changes_params_and_reports_norms():

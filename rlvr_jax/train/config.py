@@ -246,7 +246,6 @@ def validate(c) -> None:
     "objective.name",
     f"{c.objective.name!r} not in {sorted(losses.OBJECTIVES)}",
   )
-  _need(c.objective.name != "siren", "objective.name", "siren needs an anchor state: not wired yet")
   kw = objective_kwargs(c)
   if kw.get("kl_coef", 0.0):
     _need(

@@ -96,6 +96,8 @@ class Trainer:
       extra["riskpo"] = adv_lib.riskpo_init()
     if r.use_reference:
       extra["ref_params"] = params
+    if c.objective.name == "siren":
+      extra.update(step_lib.init_siren_extra())
     self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
     self.checkpointer = ckpt_lib.Checkpointer(
       os.path.join(c.workdir, "checkpoints"),

@@ -33,7 +33,12 @@ from rlvr_jax import logprobs, losses, model
 from rlvr_jax.train.state import TrainBatch, TrainState
 
 # Objectives whose 'step'-scope statistics need a pre-pass over the whole step batch.
-STEP_STAT_OBJECTIVES = ("clip_cov", "kl_cov", "high_entropy", "steer", "lp_reg")
+STEP_STAT_OBJECTIVES = losses.STEP_STAT_OBJECTIVES
+
+
+def init_siren_extra() -> dict:
+  """The state entry SIREN's frozen entropy anchor lives in (NaN = not set yet)."""
+  return {"siren_anchor": jnp.asarray(jnp.nan, jnp.float32)}
 
 
 def sequence_inputs(prompt_tokens, prompt_mask, completion_tokens):
@@ -132,13 +137,16 @@ def make_train_step(
   The returned function is jitted with ``state`` donated. ``key`` is a typed PRNG key (Clip-Cov
   draws its per-token noise from it). Objectives with step-scope statistics (``STEP_STAT_OBJECTIVES``
   at ``scope='step'``) get them from a no-grad pre-pass over the whole step batch
-  (``losses.step_statistics``), so the result does not depend on the micro-batch split.
+  (``losses.step_statistics``), so the result does not depend on the micro-batch split. SIREN
+  needs ``state.extra["siren_anchor"]`` (float32, NaN until the first step sets it to that
+  step's H_sel; ``init_siren_extra()``).
   """
   kwargs = dict(objective_kwargs or {})
   objective_fn = losses.OBJECTIVES[objective]
   signature = inspect.signature(objective_fn).parameters
   wants_noise = "noise" in signature
   needs_stats = objective in STEP_STAT_OBJECTIVES and kwargs.get("scope", "step") == "step"
+  needs_stats = needs_stats or objective == "siren"  # SIREN always needs the step's H_sel
 
   def loss_fn(params, mb: TrainBatch, num_tokens, num_seqs, stats):
     t = mb.completion_mask.shape[1]
@@ -218,6 +226,13 @@ def make_train_step(
       noise = jax.random.uniform(key, batch.completion_mask.shape, jnp.float32)
       batch = dataclasses.replace(batch, extras={**batch.extras, "noise": noise})
     stats = step_stats(state.params, batch, num_tokens, num_seqs)
+    extra_state = state.extra
+    if objective == "siren":
+      # SIREN's anchor is H_sel of the first step batch, then frozen (carried in state.extra).
+      old_anchor = state.extra["siren_anchor"]
+      anchor = jnp.where(jnp.isnan(old_anchor), stats["siren_selected_entropy"], old_anchor)
+      stats = {**stats, "siren_anchor": anchor}
+      extra_state = {**state.extra, "siren_anchor": anchor}
     mbs = _split(batch, num_microbatches)
     first = jax.tree.map(lambda x: x[0], mbs)
     (loss, metrics), grads = grad_fn(state.params, first, num_tokens, num_seqs, stats)
@@ -252,6 +267,7 @@ def make_train_step(
       params=keep(new_params, state.params),
       opt_state=keep(new_opt_state, state.opt_state),
       num_skipped=state.num_skipped + (~finite).astype(jnp.int32),
+      extra=extra_state,
     )
     return state, out
 
