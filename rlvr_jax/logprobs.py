@@ -11,13 +11,13 @@ on-policy ratio is not 1. Gradients (custom VJP, with z' = ∂/∂z):
 
   ∂logp/∂z_v = 𝟙[v = y] − π_v,   ∂H/∂z_v = −π_v (log π_v + H),   ∂μ/∂z_v = 1/V − π_v.
 
-Memory. A whole [N, V] float32 array (N = B·T flattened tokens) is never built: the forward pass and the
-backward pass both walk over chunks of `chunk_size` tokens, and the backward pass recomputes each chunk's
-logits from (hidden, unembed) instead of saving them, so the largest temporaries are a few
-[chunk_size, V] float32 buffers plus the [D, V] float32 gradient accumulator of the unembedding. From
-logits, the [N, V] input and its [N, V] gradient (in the input dtype) exist anyway; only the float32
-upcast is chunked. This is the "fused linear cross-entropy" idea (Liger-Kernel, arXiv 2410.10989) extended
-to entropy and μ; GRPO itself is arXiv 2402.03300.
+Memory. A whole [N, V] float32 array (N = B·T flattened tokens) is never built: from hidden states, the
+forward and the backward pass both walk over [chunk_size, vocab_chunk_size] tiles of the logits (an online
+logsumexp over vocabulary blocks), and the backward pass recomputes each tile from (hidden, unembed)
+instead of saving it. The largest buffers are a few tiles plus the [D, V] float32 gradient of the
+unembedding, accumulated in place. From logits, the [N, V] input and its [N, V] gradient (in the input
+dtype) exist anyway; only the float32 upcast is chunked (over tokens). This is the "fused linear
+cross-entropy" idea (Liger-Kernel, arXiv 2410.10989) extended to entropy and μ; GRPO is arXiv 2402.03300.
 
 Inputs may be bfloat16; logits, reductions and gradients are accumulated in float32 and the gradients are
 cast back to the input dtypes. `temperature` is treated as a constant (its cotangent is zero). Token ids
