@@ -63,6 +63,7 @@ def test_unknown_or_badly_typed_override_fails():
     ("--config.objective.kwargs.kl_coef=0.1", "config.rl.use_reference"),
     ("--config.data.task.ops=-", "config.warm_start.drop_carry_prob"),
     ("--config.model.source=smollm2", "config.tokenizer.kind"),
+    ("--config.objective.name=copo", "config.rl.advantage"),
   ],
 )
 def test_validation_names_the_field(override, field):

@@ -48,6 +48,7 @@ ADVANTAGES = {
   "lite_ppo": advantages.lite_ppo_advantages,
   "rloo": advantages.rloo_advantages,
   "riskpo": None,  # stateful: handled by train.rollout with advantages.riskpo_advantages
+  "copo": None,  # needs answer ids: handled by train.rollout with advantages.copo_advantages
 }
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
@@ -245,6 +246,11 @@ def validate(c) -> None:
     c.objective.name in losses.OBJECTIVES,
     "objective.name",
     f"{c.objective.name!r} not in {sorted(losses.OBJECTIVES)}",
+  )
+  _need(
+    (c.objective.name == "copo") == (r.advantage == "copo"),
+    "rl.advantage",
+    "the copo objective and the copo advantage go together (global/local advantages)",
   )
   kw = objective_kwargs(c)
   if kw.get("kl_coef", 0.0):

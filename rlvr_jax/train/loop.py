@@ -144,7 +144,9 @@ class Trainer:
     t = cmask.shape[1]
     adv = np.asarray(batch.advantages[rows])[:, None] * cmask
     sampler_logp = batch.sampler_logp[rows]
-    extras = {k: jnp.asarray(v[rows]) for k, v in batch.scores.items() if k == "proxy_logp"}
+    extras = {
+      k: jnp.asarray(v[rows]) for k, v in batch.scores.items() if k not in ("old_logp", "ref_logp")
+    }
     old = batch.scores.get("old_logp")
     ref = batch.scores.get("ref_logp")
     tb = TrainBatch(

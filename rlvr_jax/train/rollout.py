@@ -31,6 +31,7 @@ import numpy as np
 from rlvr_jax import advantages as adv_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
+from rlvr_jax.rewards import extract_answer
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.config import ADVANTAGES
 
@@ -171,7 +172,7 @@ class Collector:
       jax.block_until_ready(rollout.tokens)
       t1 = time.perf_counter()
       metrics["time/sample"] += t1 - t0
-      _, future = self.submit_rewards(texts, records, rollout, G)
+      completions, future = self.submit_rewards(texts, records, rollout, G)
       scores = self._scores(params, ref_params, rollout, need_old=need_old)  # overlaps rewards
       result = future.result()
       metrics["time/reward"] += time.perf_counter() - t1
@@ -194,6 +195,7 @@ class Collector:
           rewards=rewards[p],
           correct=correct[p],
           zero_var=bool(zero_var[p]),
+          completions=completions[rows],
           scores={k: v[rows] for k, v in scores.items()},
         )
         (spare if (refill and g["zero_var"]) else groups).append(g)
@@ -218,8 +220,15 @@ class Collector:
     correct = np.stack([g["correct"] for g in groups])
     zero_var = np.array([g["zero_var"] for g in groups])
     valid = np.isfinite(rewards)
-    adv, adv_state = self._advantages(rewards, valid, adv_state)
     completion_mask = cat("completion_mask")
+    scores = {k: np.concatenate([g["scores"][k] for g in groups], 0) for k in groups[0]["scores"]}
+    if self.c.rl.advantage == "copo":
+      copo = _copo(jnp.asarray(rewards), jnp.asarray(answer_ids(groups)), jnp.asarray(valid))
+      adv = np.asarray(copo.local_advantages)
+      for k in ("global_advantages", "local_weight"):  # per-token extra objective inputs
+        scores[k] = np.asarray(getattr(copo, k)).reshape(-1, 1) * completion_mask
+    else:
+      adv, adv_state = self._advantages(rewards, valid, adv_state)
     if c.rl.zero_variance in ("mask", "refill"):
       row_keep = np.repeat(~zero_var, rewards.shape[1])
       completion_mask = completion_mask & row_keep[:, None]
@@ -244,7 +253,6 @@ class Collector:
       vals = [m[key] for m in reward_metrics if key in m]
       if vals:
         metrics[key] = float(np.mean(vals))
-    scores = {k: np.concatenate([g["scores"][k] for g in groups], 0) for k in groups[0]["scores"]}
     batch = RolloutBatch(
       prompt_tokens=prompt_tokens,
       prompt_mask=prompt_mask,
@@ -270,6 +278,24 @@ class Collector:
     return np.asarray(
       _advantage_fn(name)(jnp.asarray(rewards), valid=jnp.asarray(valid))
     ), adv_state
+
+
+def answer_ids(groups) -> np.ndarray:
+  """[P, G] int ids of the extracted answers, equal within a group iff the answers are equal
+  (COPO's consistency). Completions without an extractable answer get an id of their own."""
+  out = np.zeros((len(groups), len(groups[0]["completions"])), np.int32)
+  for p, g in enumerate(groups):
+    seen = {}
+    for j, text in enumerate(g["completions"]):
+      ans = extract_answer(text, ("answer_tag", "boxed", "last_number"))
+      key = ans if ans is not None else ("none", j)
+      out[p, j] = seen.setdefault(key, len(seen))
+  return out
+
+
+@jax.jit
+def _copo(rewards, ids, valid):
+  return adv_lib.copo_advantages(rewards, ids, valid=valid)
 
 
 _ADV_JIT = {}
