@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax import rewards
+from rlvr_jax.data.tasks import TaskSpec, make_example
 from rlvr_jax.rewards import length, tasks
 
 
@@ -179,24 +180,23 @@ def test_verpo_golden_and_reward():
   assert np.isnan(got[3])
 
 
-def test_arithmetic_generator_deterministic_and_reward():
-  a = tasks.make_arithmetic_problem(7, num_terms=3)
-  b = tasks.make_arithmetic_problem(np.random.default_rng(7), num_terms=3)
-  assert a == b and set(a) == {"prompt_text", "answer"}
-  expression = a["prompt_text"].split("Compute ")[1].split(". Think")[0]
+def test_arithmetic_reward_on_generated_problems():
+  spec = TaskSpec(name="arithmetic", ops="+-*", num_terms=3, max_value=99)
+  a = make_example(spec, 7, seed=0, split="train")
+  assert a == make_example(spec, 7, seed=0, split="train")
   # Independent check of the stored answer with Python's own evaluator on trusted text.
-  assert int(a["answer"]) == eval(expression)  # noqa: S307
-  problems = [tasks.make_arithmetic_problem(s) for s in range(20)]
-  assert len({p["prompt_text"] for p in problems}) > 15
+  assert int(a["answer"]) == eval(a["key"])  # noqa: S307
+  assert tasks.evaluate_expression(a["key"]) == int(a["answer"])
   reward = rewards.ArithmeticReward()
   completions = [f"<answer>{a['answer']}</answer>", "<answer>0.5</answer>", f"so {a['answer']}."]
   np.testing.assert_array_equal(reward(["q"] * 3, completions, answer=[a["answer"]] * 3), [1, 0, 1])
 
 
 def test_countdown_generator_and_checker():
-  problem = tasks.make_countdown_problem(3, num_numbers=4)
-  assert problem == tasks.make_countdown_problem(3, num_numbers=4)
-  assert 0 < problem["target"] <= 999 and len(problem["numbers"]) == 4
+  spec = TaskSpec(name="countdown", num_terms=4, min_value=1, max_value=99)
+  problem = make_example(spec, 3, seed=0, split="train")
+  assert problem == make_example(spec, 3, seed=0, split="train")
+  assert len(problem["numbers"]) == 4
   check = tasks.check_countdown
   assert check("(3 + 5) * 2", [2, 3, 5, 7], 16) == (True, True)
   assert check("3 + 5 * 2", [2, 3, 5, 7], 16) == (True, False)
@@ -234,8 +234,9 @@ def test_countdown_generated_problems_are_solvable():
             values.add(left / right)
     return values
 
-  for seed in range(10):
-    problem = tasks.make_countdown_problem(seed, num_numbers=3, max_number=20)
+  spec = TaskSpec(name="countdown", num_terms=3, min_value=1, max_value=20)
+  for index in range(10):
+    problem = make_example(spec, index, seed=0, split="train")
     nums = [Fraction(n) for n in problem["numbers"]]
     all_values = set()
     for perm in itertools.permutations(nums):

@@ -16,6 +16,8 @@ import hashlib
 
 import numpy as np
 
+from rlvr_jax.rewards.tasks import evaluate_expression
+
 SPLITS = ("train", "heldout")
 BOXED_INSTRUCTION = "Put your final answer within \\boxed{}."
 
@@ -79,7 +81,7 @@ def _arithmetic(spec: TaskSpec, rng: np.random.Generator) -> dict:
   fmt = (lambda v: str(v).zfill(len(str(spec.max_value)))) if spec.zero_pad else str
   expr = fmt(values[0]) + "".join(o + fmt(v) for o, v in zip(ops, values[1:], strict=True))
   plain = str(values[0]) + "".join(o + str(v) for o, v in zip(ops, values[1:], strict=True))
-  answer = int(eval(plain))  # noqa: S307 (digits and +-* only, built above)
+  answer = int(evaluate_expression(plain))
   if spec.style == "bare":
     return {"prompt": f"{expr}=", "answer": str(answer), "key": expr}
   a, b, op = values[0], values[1], ops[0]

@@ -53,8 +53,7 @@ from rlvr_jax.rewards.tasks import (
   ArithmeticReward,
   CountdownReward,
   check_countdown,
-  make_arithmetic_problem,
-  make_countdown_problem,
+  evaluate_expression,
 )
 
 __all__ = [
@@ -87,8 +86,7 @@ __all__ = [
   "laser_d_buckets",
   "laser_d_choose_targets",
   "laser_reward",
-  "make_arithmetic_problem",
-  "make_countdown_problem",
+  "evaluate_expression",
   "math_equal",
   "normalize_answer",
   "overlong_penalty",
