@@ -148,17 +148,20 @@ def make_train_step(
   needs_stats = objective in STEP_STAT_OBJECTIVES and kwargs.get("scope", "step") == "step"
   needs_stats = needs_stats or objective == "siren"  # SIREN always needs the step's H_sel
 
-  def loss_fn(params, mb: TrainBatch, num_tokens, num_seqs, stats):
-    t = mb.completion_mask.shape[1]
-    logp, entropy = completion_logprobs(
+  def score(params, mb: TrainBatch):
+    """(logp, entropy) [B, T] of the micro-batch's completion tokens under ``params``."""
+    return completion_logprobs(
       params,
       mb.tokens,
       mb.positions,
-      num_completion=t,
+      num_completion=mb.completion_mask.shape[1],
       model_config=model_config,
       temperature=temperature,
       chunk_size=chunk_size,
     )
+
+  def loss_fn(params, mb: TrainBatch, num_tokens, num_seqs, stats):
+    logp, entropy = score(params, mb)
     # On-policy: the proximal policy is the current one, as a constant.
     old_logp = jax.lax.stop_gradient(logp) if on_policy else mb.old_logp
     extra = {**mb.extras, **stats}
@@ -189,20 +192,7 @@ def make_train_step(
     """Step-scope statistics (METHODS.md 1.3) from a no-grad pre-pass over the whole batch."""
     if not needs_stats:
       return {}
-    t = batch.completion_mask.shape[1]
-
-    def one(mb):
-      return completion_logprobs(
-        params,
-        mb.tokens,
-        mb.positions,
-        num_completion=t,
-        model_config=model_config,
-        temperature=temperature,
-        chunk_size=chunk_size,
-      )
-
-    logp, entropy = jax.lax.map(one, _split(batch, num_microbatches))
+    logp, entropy = jax.lax.map(lambda mb: score(params, mb), _split(batch, num_microbatches))
     logp = jax.lax.stop_gradient(logp.reshape(batch.completion_mask.shape))
     entropy = jax.lax.stop_gradient(entropy.reshape(batch.completion_mask.shape))
     return losses.step_statistics(
