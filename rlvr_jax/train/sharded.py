@@ -303,11 +303,15 @@ def _multiprocess_collector(collector, mesh: Mesh):
       g0, g1 = group_range(num_groups, num_samples, mesh)
       b, rows = num_groups * num_samples, slice(g0 * num_samples, g1 * num_samples)
       local = jax.tree.map(lambda x: x[rows] if np.ndim(x) and np.shape(x)[0] == b else x, rollout)
-      completions, future = super().submit_rewards(texts[g0:g1], records[g0:g1], local, num_samples)
+      _, future = super().submit_rewards(texts[g0:g1], records[g0:g1], local, num_samples)
       from jax.experimental import multihost_utils
 
       spans = np.asarray(multihost_utils.process_allgather(np.array([g0, g1], np.int64)))
       counts = [int(hi - lo) * num_samples for lo, hi in spans.reshape(-1, 2)]
+      # Every row's text (the host loop may use them, e.g. COPO's answer ids): decoding is cheap.
+      completions = self.tokenizer.decode_batch(
+        np.asarray(rollout.tokens), np.asarray(rollout.completion_mask)
+      )
       return completions, _GatheredRewards(future, counts, rows.start)
 
   collector.__class__ = MultiProcessCollector
