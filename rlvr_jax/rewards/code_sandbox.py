@@ -13,7 +13,7 @@ Each program gets:
   * when the trainer runs as root: the program runs as ``nobody`` (uid 65534). This is what makes
     ``RLIMIT_NPROC`` effective (Linux does not apply it to root) and what makes owner-only files
     (mode 600/700, e.g. ``/root``) unreadable.
-See docs/_frag_rewards.md for what this does NOT protect against.
+See docs/design.md (Rewards section) for what this does NOT protect against.
 """
 
 from __future__ import annotations
