@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from absl import app, logging  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from rlvr_jax import distributed  # noqa: E402
@@ -33,8 +33,6 @@ distributed.define_flags()  # --mesh, --distributed, --coordinator_address, ... 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from absl import flags
-
   distributed.initialize_from_flags()  # multi-process start-up; before any other JAX call
   from rlvr_jax.train import sharded
 
