@@ -43,18 +43,9 @@ TRAIN_RULES: Rules = (
   ("norm", None),
 )
 
-SAMPLE_RULES: Rules = (
-  ("batch", ("data", "fsdp")),
-  ("seq", None),
-  ("vocab", "tensor"),
-  ("embed", None),
-  ("heads", "tensor"),
-  ("kv_heads", "tensor"),
-  ("mlp", "tensor"),
-  ("head_dim", None),
-  ("layers", None),
-  ("norm", None),
-)
+# The sampling layout is the training layout without FSDP on the weights (their ``embed`` dim is
+# replicated), so the decode loop never all-gathers weights; everything else is shared.
+SAMPLE_RULES: Rules = tuple((name, None if name == "embed" else axes) for name, axes in TRAIN_RULES)
 
 
 def infer_mesh_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
