@@ -129,6 +129,38 @@ def test_prompt_source_position_and_restore():
   assert g.take(3) == [*epoch1[2:]]
 
 
+@pytest.mark.parametrize("count", [2, 3])
+def test_prompt_source_shards_split_every_batch(count):
+  """Per-process loading: shard i of ``count`` reads only its contiguous slice of each global
+  batch; the slices are disjoint, their union in shard order is the unsharded stream's batch, and
+  every shard keeps the global position (one checkpointed int restores all of them)."""
+  recs = [{"prompt": f"p{i}", "answer": str(i)} for i in range(7)]
+  for make in (
+    lambda: data.PromptSource(task=data.TaskSpec(max_value=30), seed=5),
+    lambda: data.PromptSource(records=recs, seed=1),  # shuffled per epoch; batches cross epochs
+  ):
+    whole, shards = make(), [make().shard(i, count) for i in range(count)]
+    for n in (4, 5, 6):  # uneven splits too: sizes differ by at most one
+      want = whole.take(n)
+      got = [s.take(n) for s in shards]
+      assert [r for g in got for r in g] == want
+      sizes = [len(g) for g in got]
+      assert max(sizes) - min(sizes) <= 1
+      assert [s.span(n) for s in shards] == [
+        data.source.shard_span(n, i, count) for i in range(count)
+      ]
+      assert all(s.state() == whole.state() for s in shards)
+    # Resume: a fresh shard restored from the checkpointed position continues exactly.
+    again = make().shard(count - 1, count)
+    again.restore(shards[-1].state())
+    assert again.take(5) == shards[-1].take(5)
+  assert data.source.shard_span(5, 0, 2) == (0, 2) and data.source.shard_span(5, 1, 2) == (2, 5)
+  with pytest.raises(ValueError, match=r"shard index 2 must be in \[0, count=2\)"):
+    data.PromptSource(records=recs).shard(2, 2)
+  with pytest.raises(ValueError, match="already shard 0 of 2"):
+    data.PromptSource(records=recs).shard(0, 2).shard(0, 2)
+
+
 def test_build_sources_files_content_split(tmp_path):
   rows = [{"question": f"q{i}", "answer": str(i)} for i in range(200)]
   f = _write_jsonl(tmp_path / "all.jsonl", rows)

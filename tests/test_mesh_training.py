@@ -183,13 +183,43 @@ def test_parse_mesh_flag():
     sharded.parse_mesh("2,x,1")
 
 
-def test_gathered_rewards_and_group_range_single_process():
+def test_mesh_layout_hooks_single_process():
+  mesh = S.make_mesh(2, 2, 2)
+  layout = sharded.MeshLayout(mesh)
+  assert layout.process_count == 1 and layout.is_primary
+  assert layout.local_groups(4) == (0, 4)
+  ids, mask = np.arange(6).reshape(2, 3), np.ones((2, 3), bool)
+  assert layout.gather_prompts(ids, mask, np.arange(2), pad_id=0)[0] is ids
+  with pytest.raises(RuntimeError, match="setup"):
+    layout.place_state({})
+  opt = optax.adamw(1e-3)
+  state = init_state(model.init_params(CFG, jax.random.key(0)), opt, jax.random.key(1))
+  layout.setup(state, model_config=CFG, optimizer=opt)
+  placed = layout.place_state(state)
+  for x, sh in zip(
+    jax.tree.leaves(placed.params), jax.tree.leaves(layout.state_shardings.params), strict=True
+  ):
+    assert x.sharding == sh
+  # Placing what is already placed is free (restored checkpoints, multi-process arrays).
+  assert layout.place_state(placed).params["embed"] is placed.params["embed"]
+  sample = layout.sampling_params(placed.params)
+  for x in jax.tree.leaves(sample):
+    assert "fsdp" not in jax.tree.leaves(tuple(x.sharding.spec))
+  assert layout.sampling_params(None) is None
+  tb, _, _ = _batch(0)
+  rows = layout.place_batch(tb)
+  assert rows.tokens.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+
+
+def test_gathered_rewards_single_process():
   import concurrent.futures
 
   from rlvr_jax.rewards.runtime import RewardFailure, RewardResult
 
-  mesh = S.make_mesh(2, 2, 2)
-  assert sharded.group_range(4, 2, mesh) == (0, 4)
+  x = np.arange(6, dtype=np.int32).reshape(3, 2)
+  np.testing.assert_array_equal(sharded.allgather_rows(x, [3]), x)
+  with pytest.raises(ValueError, match="has 3 rows, counts say 2"):
+    sharded.allgather_rows(x, [2])
   fut = concurrent.futures.Future()
   fut.set_result(
     RewardResult(

@@ -14,28 +14,8 @@ STEPS = 2
 
 
 def _config(workdir):
-  c = config_lib.base_config()
-  c.workdir = str(workdir)
-  c.model.hidden_size, c.model.intermediate_size, c.model.num_layers = 32, 64, 1
-  c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = 2, 2, 16
-  c.data.task.max_value = 9
-  c.data.num_eval = 4
-  c.sampling.num_samples = 2
-  c.sampling.max_new_tokens = 3
-  c.rl.num_steps = STEPS
-  c.rl.prompts_per_step = 4  # B = 8 rows: 2 per (data x fsdp) shard
-  c.rl.num_minibatches = 1
-  c.rl.num_epochs = 2  # two updates per rollout batch: old log-probs from the scoring pass
-  c.rl.zero_variance = "keep"
-  c.objective.name = "dapo"
-  # A random model rarely gets a sum right (all-zero rewards, zero advantages): the entropy bonus
-  # keeps a non-zero gradient through the sampled tokens either way.
-  c.objective.kwargs.entropy_coef = 0.05
-  c.optim.learning_rate = 1e-2
-  c.optim.eps = 1e-4
-  c.checkpoint.async_save = False
-  c.logging.progress = c.logging.tensorboard = c.logging.plot = False
-  return c
+  # B = 4 prompts x 2 samples = 8 rows: 2 per (data x fsdp) shard; two updates per rollout batch.
+  return config_lib.tiny_mesh_config(workdir, rl=dict(num_steps=STEPS))
 
 
 def _steps(trainer):
@@ -85,7 +65,7 @@ def test_rl_steps_on_mesh_match_one_device_and_checkpoint_restores(tmp_path):
     for a, b, sh in zip(
       jax.tree.leaves(saved),
       jax.tree.leaves(again.state.params),
-      jax.tree.leaves(again.shardings.params),
+      jax.tree.leaves(again.layout.state_shardings.params),
       strict=True,
     ):
       np.testing.assert_array_equal(np.asarray(b), a)

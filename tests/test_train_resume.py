@@ -17,33 +17,15 @@ N = 4
 
 
 def _config(workdir):
-  c = config_lib.base_config()
-  c.workdir = str(workdir)
-  c.model.hidden_size, c.model.intermediate_size, c.model.num_layers = 32, 64, 1
-  c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = 2, 1, 16
-  c.data.task.max_value = 9
-  c.data.num_eval = 4
-  c.data.prompt_bucket = 8
-  c.sampling.num_samples = 4
-  c.sampling.max_new_tokens = 3
-  c.rl.num_steps = N
-  c.rl.prompts_per_step = 4
-  # Two updates per rollout batch (exercises old log-probs and the per-epoch shuffle) and the
-  # stateful RiskPO advantage (its quantile tracker must survive the restart).
-  c.rl.num_minibatches = 2
-  c.rl.advantage = "riskpo"
-  c.rl.riskpo_bundle_size = 2
-  c.rl.zero_variance = "keep"
-  c.objective.name = "dapo"
-  c.optim.learning_rate = 3e-2
-  c.eval.every = 0
-  c.eval.num_samples = 4  # eval shapes = train shapes (P = 4, G = 4): one sampler compile
-  c.checkpoint.every = 1
-  c.checkpoint.keep = 2
-  c.logging.progress = False
-  c.logging.tensorboard = False
-  c.logging.plot = False
-  return c
+  return config_lib.tiny_config(
+    workdir,
+    # Two updates per rollout batch (exercises old log-probs and the per-epoch shuffle) and the
+    # stateful RiskPO advantage (its quantile tracker must survive the restart).
+    rl=dict(num_steps=N, num_minibatches=2, advantage="riskpo", riskpo_bundle_size=2),
+    objective=dict(name="dapo"),
+    optim=dict(learning_rate=3e-2),
+    checkpoint=dict(every=1, keep=2),
+  )
 
 
 def _run(config):

@@ -251,29 +251,9 @@ def trainer_config(workdir: str, steps: int, stop_after: int):
   """A tiny arithmetic RL run of the real trainer (train.loop) for the multi-process check."""
   from rlvr_jax.train import config as config_lib
 
-  c = config_lib.base_config()
-  c.workdir = workdir
-  c.model.hidden_size, c.model.intermediate_size, c.model.num_layers = 32, 64, 1
-  c.model.num_heads, c.model.num_kv_heads, c.model.head_dim = 2, 2, 16
-  c.data.task.max_value = 9
-  c.data.num_eval = 4
-  c.sampling.num_samples = 2
-  c.sampling.max_new_tokens = 3
-  c.rl.num_steps = steps
-  c.rl.prompts_per_step = 4
-  c.rl.num_epochs = 2
-  c.rl.zero_variance = "keep"
-  c.objective.name = "dapo"
-  c.objective.kwargs.entropy_coef = 0.05
-  c.optim.learning_rate = 1e-2
-  c.optim.eps = 1e-4
-  c.eval.every = 0
-  c.eval.num_samples = 2
-  c.checkpoint.every = 1
-  c.checkpoint.async_save = False
-  c.logging.progress = c.logging.tensorboard = c.logging.plot = False
-  c.max_steps_this_run = stop_after
-  return c
+  return config_lib.tiny_mesh_config(
+    workdir, rl=dict(num_steps=steps), checkpoint=dict(every=1), max_steps_this_run=stop_after
+  )
 
 
 def trainer_worker(args) -> None:

@@ -4,6 +4,11 @@ A ``PromptSource`` hands out records by a global index: ``take(n)`` returns reco
 ``position, ..., position + n - 1`` and advances ``position``. Record ``i`` is a pure function of
 ``(seed, i)`` (procedural tasks: ``tasks.make_example``; files: a per-epoch seeded permutation), so
 the position alone (an int in the checkpoint) restores the stream exactly.
+
+Per-process loading (``PromptSource.shard(index, count)``): every global batch ``take(n)`` is split
+into ``count`` contiguous slices (``shard_span``) and shard ``index`` materialises only its slice,
+while the position still advances by the whole ``n``; the shards' slices, concatenated in shard
+order, are the unsharded stream's batch, and the one position restores every shard exactly.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class PromptSource:
       shuffle,
     )
     self.position = 0
+    self.shard_index, self.shard_count = 0, 1
     self._perm_epoch, self._perm = -1, None
 
   def __getitem__(self, i: int) -> dict:
@@ -49,11 +55,29 @@ class PromptSource:
       self._perm_epoch = epoch
     return self.records[int(self._perm[j])]
 
+  def shard(self, index: int, count: int) -> PromptSource:
+    """A copy of this stream (same records, seed and position) that materialises only its
+    ``shard_span(n, index, count)`` slice of each global batch of ``n``; see the module docstring.
+    """
+    if count < 1 or not 0 <= index < count:
+      raise ValueError(f"shard index {index} must be in [0, count={count}) with count >= 1")
+    if self.shard_count != 1:
+      raise ValueError(f"this stream is already shard {self.shard_index} of {self.shard_count}")
+    out = PromptSource(
+      records=self.records, task=self.task, seed=self.seed, split=self.split, shuffle=self.shuffle
+    )
+    out.position, out.shard_index, out.shard_count = self.position, index, count
+    return out
+
+  def span(self, n: int) -> tuple[int, int]:
+    """Offsets ``[lo, hi)`` of this shard's records within a global batch of ``n``."""
+    return shard_span(n, self.shard_index, self.shard_count)
+
   def take(self, n: int) -> list[dict]:
-    """The next ``n`` records (each with its global ``index``); advances the position."""
-    out = []
-    for i in range(self.position, self.position + n):
-      out.append({**self[i], "index": i})
+    """This shard's records of the next global batch of ``n`` (all ``n`` when unsharded), each
+    with its global ``index``; advances the position by ``n``."""
+    lo, hi = self.span(n)
+    out = [{**self[i], "index": i} for i in range(self.position + lo, self.position + hi)]
     self.position += n
     return out
 
@@ -62,6 +86,14 @@ class PromptSource:
 
   def restore(self, state: dict) -> None:
     self.position = int(state["position"])
+
+
+def shard_span(n: int, index: int, count: int) -> tuple[int, int]:
+  """Contiguous even split of ``n`` items over ``count`` shards: shard ``index`` gets
+  ``[index * n // count, (index + 1) * n // count)`` (sizes differ by at most one)."""
+  if count < 1 or not 0 <= index < count:
+    raise ValueError(f"shard index {index} must be in [0, count={count}) with count >= 1")
+  return index * n // count, (index + 1) * n // count
 
 
 def build_sources(data_cfg) -> tuple[PromptSource, list[dict]]:

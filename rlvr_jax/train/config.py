@@ -182,6 +182,69 @@ def base_config() -> ConfigDict:
   return c
 
 
+def tiny_config(workdir, **overrides) -> ConfigDict:
+  """A seconds-long run for tests and demos: a 1-layer, 32-wide model on one-digit sums, P = 4
+  prompts x G = 4 samples, 3 new tokens, 2 steps, no logging side outputs, evaluation only
+  before and after (with eval shapes = train shapes: one sampler compile).
+
+  ``overrides`` are config blocks as (nested) dicts, merged field by field, e.g.
+  ``tiny_config(d, rl=dict(num_steps=4), objective=dict(name="dapo"))``; a field that does not
+  exist raises ``ConfigError`` naming it.
+  """
+  c = base_config()
+  c.workdir = str(workdir)
+  c.model.update(
+    hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16
+  )
+  c.data.task.max_value = 9
+  c.data.num_eval = 4
+  c.sampling.update(num_samples=4, max_new_tokens=3)
+  c.rl.update(num_steps=2, prompts_per_step=4, zero_variance="keep")
+  c.eval.update(every=0, num_samples=4)
+  c.checkpoint.every = 0
+  c.logging.update(progress=False, tensorboard=False, plot=False)
+  return apply_overrides(c, overrides)
+
+
+def tiny_mesh_config(workdir, **overrides) -> ConfigDict:
+  """``tiny_config`` shaped for a (data=2, fsdp=2, tensor=2) mesh and the multi-process checks:
+  2 KV heads (split over ``tensor``), G = 2 so the B = 8 rows give 2 per data x fsdp shard, two
+  updates per rollout batch (old log-probs from the scoring pass), DAPO with an entropy bonus
+  (a random model rarely gets a sum right: all-zero rewards and advantages; the bonus keeps the
+  gradient non-zero), synchronous checkpoints. ``overrides`` as in ``tiny_config``."""
+  c = tiny_config(
+    workdir,
+    model=dict(num_kv_heads=2),
+    sampling=dict(num_samples=2),
+    rl=dict(num_epochs=2),
+    objective=dict(name="dapo", kwargs=dict(entropy_coef=0.05)),
+    optim=dict(learning_rate=1e-2, eps=1e-4),
+    eval=dict(num_samples=2),
+    checkpoint=dict(async_save=False),
+  )
+  return apply_overrides(c, overrides)
+
+
+def apply_overrides(c: ConfigDict, overrides: dict) -> ConfigDict:
+  """Merges nested dicts of field values into ``c`` (in place, returned); unknown fields raise
+  ``ConfigError`` naming the field."""
+
+  def merge(node, values, prefix):
+    for key, value in values.items():
+      name = f"{prefix}{key}"
+      if key not in node:
+        raise ConfigError(f"config.{name}: no such field")
+      if isinstance(value, dict):
+        if not isinstance(node[key], ConfigDict):
+          raise ConfigError(f"config.{name}: a value, not a block of fields")
+        merge(node[key], value, f"{name}.")
+      else:
+        node[key] = value
+
+  merge(c, overrides, "")
+  return c
+
+
 def _need(cond: bool, field: str, msg: str) -> None:
   if not cond:
     raise ConfigError(f"config.{field}: {msg}")

@@ -9,6 +9,11 @@ One RL step (``Trainer.rl_step``):
      N_tok / N_seq are computed here over the whole minibatch)
   -> metrics (JSONL, TensorBoard, progress bar) -> checkpoint every ``checkpoint.every`` steps.
 
+Placement (one device, a mesh, several processes) is a ``train.layout.Layout`` passed to the
+Trainer: it places the state, the minibatches and the sampler's params, shards the prompt stream
+over processes, and gathers prompts, rollouts and rewards; ``train.sharded.MeshTrainer`` is the
+Trainer with a ``MeshLayout``.
+
 Exact resume: every source of randomness is a pure function of (seed, step, data position), the
 data position and advantage-estimator state are in the checkpoint with the params, optimiser state
 and run key, so ``N/2 steps, kill, resume, N/2 steps`` repeats an uninterrupted ``N`` steps.
@@ -32,23 +37,35 @@ from rlvr_jax import metrics as metrics_lib
 from rlvr_jax.train import build, evaluate, optimizer, rollout, sft
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
+from rlvr_jax.train.layout import Layout
 from rlvr_jax.train.state import TrainBatch, init_state
 
 _STEP_CACHE: dict = {}
 
 
 class Trainer:
-  """Owns the run: model, data, reward runtime, jitted step, writers, checkpoints."""
+  """Owns the run: model, data, reward runtime, jitted step, writers, checkpoints.
 
-  def __init__(self, config, *, log=print):
+  ``layout`` (``train.layout.Layout``, default one device) says where the state, batches and
+  sampler params live and how several processes share the host work. With several processes
+  every process constructs the same Trainer; checkpoints are written collectively into
+  ``config.workdir``, only the primary process logs there, the others into
+  ``<workdir>/process_<i>``.
+  """
+
+  def __init__(self, config, *, log=print, layout: Layout | None = None):
     config_lib.validate(config)
+    self.layout = layout if layout is not None else Layout()
+    if not self.layout.is_primary:
+      log = _quiet
     self.c, self.log = config, log
     c = config
     os.makedirs(c.workdir, exist_ok=True)
     with open(os.path.join(c.workdir, "config.json"), "w") as f:
       f.write(c.to_json_best_effort(indent=2))
     self.tokenizer, params, self.model_config = build.build_tokenizer_and_model(c)
-    self.source, self.heldout = data_lib.build_sources(c.data)
+    source, self.heldout = data_lib.build_sources(c.data)
+    self.source = self.layout.shard_source(source)  # this process's share of every batch
     self.runtime = build.build_runtime(c)
     self.collector = rollout.Collector(
       config=c,
@@ -57,6 +74,7 @@ class Trainer:
       reward_fn=build.build_reward(c),
       runtime=self.runtime,
       source=self.source,
+      layout=self.layout,
     )
     r = c.rl
     self.updates_per_step = r.num_epochs * r.num_minibatches
@@ -99,16 +117,31 @@ class Trainer:
     if c.objective.name == "siren":
       extra.update(step_lib.init_siren_extra())
     self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
+    self.layout.setup(self.state, model_config=self.model_config, optimizer=self.optimizer)
+    self.state = self.layout.place_state(self.state)
+    self.train_step = self.layout.wrap_train_step(self.train_step)
     self.checkpointer = ckpt_lib.Checkpointer(
       os.path.join(c.workdir, "checkpoints"),
       keep=c.checkpoint.keep,
       async_save=c.checkpoint.async_save,
     )
     self.host_state = {"data": self.source.state(), "eval_before": None, "warm_start_done": False}
+    if not self.layout.is_primary:  # checkpoints stay shared; logs, summaries, plots go elsewhere
+      c = config.copy_and_resolve_references()
+      c.workdir = os.path.join(config.workdir, f"process_{self.layout.process_index}")
+      c.logging.progress = False
+      os.makedirs(c.workdir, exist_ok=True)
+      self.c = c
 
   # ------------------------------------------------------------------ set-up
   def restore_or_start(self) -> int:
     """Restore the latest complete checkpoint (if resuming), else warm start; returns the step."""
+    with self.layout.context():
+      step = self._restore_or_warm_start()
+      self.state = self.layout.place_state(self.state)  # after a warm start, too
+    return step
+
+  def _restore_or_warm_start(self) -> int:
     c = self.c
     restored = self.checkpointer.restore(self.state) if c.checkpoint.resume else None
     if restored is not None:
@@ -161,9 +194,14 @@ class Trainer:
     )
     num_tokens = float(cmask.sum())
     num_seqs = float((cmask.sum(-1) > 0).sum())
-    return tb, num_tokens, num_seqs
+    return self.layout.place_batch(tb), num_tokens, num_seqs
 
   def rl_step(self, step: int) -> dict:
+    """One RL step (module docstring); returns its metrics."""
+    with self.layout.context():
+      return self._rl_step(step)
+
+  def _rl_step(self, step: int) -> dict:
     c = self.c
     t0 = time.perf_counter()
     step_key = jax.random.fold_in(self.state.key, step)
@@ -220,7 +258,8 @@ class Trainer:
 
   def evaluate(self) -> dict:
     t0 = time.perf_counter()
-    out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
+    with self.layout.context():
+      out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
     out["eval/time_s"] = time.perf_counter() - t0
     return out
 
@@ -277,6 +316,10 @@ class Trainer:
   def close(self) -> None:
     self.checkpointer.close()
     self.runtime.close()
+
+
+def _quiet(_: str) -> None:
+  """The log function of the non-primary processes."""
 
 
 def _fmt(label: str, ev: dict) -> str:

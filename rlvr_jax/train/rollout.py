@@ -2,7 +2,9 @@
 
 ``Collector.collect(params, ...)`` returns one rollout batch of exactly P groups of G rows:
 
-1. take P_gen prompts from the train stream, format (chat template) and left-pad them;
+1. take P_gen prompts from the train stream, format (chat template) and left-pad them (with several
+   processes each loads and formats only its contiguous share, and the token ids are gathered into
+   the whole batch: ``train.layout.Layout``);
 2. ``sampling.generate`` G completions per prompt (keys from the run key, the step, the
    generation round and each prompt's global data index, so samples do not depend on batching);
 3. decode and submit the completions to the ``RewardRuntime`` (worker processes, per-item
@@ -34,6 +36,7 @@ from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.config import ADVANTAGES
+from rlvr_jax.train.layout import Layout
 
 
 @dataclasses.dataclass
@@ -74,11 +77,19 @@ def _left_pad(x: np.ndarray, width: int, value) -> np.ndarray:
 
 
 class Collector:
-  """Builds rollout batches; see the module docstring."""
+  """Builds rollout batches; see the module docstring.
 
-  def __init__(self, *, config, model_config, tokenizer, reward_fn, runtime, source):
+  ``layout`` (a ``train.layout.Layout``, default one device) places the params for sampling and,
+  with several processes, shares the host work: ``source`` is then this process's shard of the
+  train stream (``Layout.shard_source``), so ``collect`` loads, formats and rewards only this
+  process's prompts (``Layout.local_groups``) and gathers prompts, rollouts and rewards into the
+  whole batch, the same on every process.
+  """
+
+  def __init__(self, *, config, model_config, tokenizer, reward_fn, runtime, source, layout=None):
     self.c, self.model_config, self.tokenizer = config, model_config, tokenizer
     self.reward_fn, self.runtime, self.source = reward_fn, runtime, source
+    self.layout = layout if layout is not None else Layout()
     s = config.sampling
     if s.top_k or s.top_p < 1.0:
       self.strategy = sampling.Combined(
@@ -106,7 +117,25 @@ class Collector:
     return texts, ids, mask
 
   def sample(self, params, records, *, key, strategy=None, num_samples=None):
+    """(prompt texts, rollout of every row) for ``records``, the whole batch: with several
+    processes every process passes the same records (e.g. the held-out set)."""
+    with self.layout.context():
+      texts, ids, mask = self.prompts(records)
+      prompt_ids = np.asarray([r.get("index", i) for i, r in enumerate(records)], np.int32)
+      rollout = self._generate(
+        self.layout.sampling_params(params), ids, mask, prompt_ids, key, strategy, num_samples
+      )
+    return texts, rollout
+
+  def _sample_local(self, params, records, *, key):
+    """Like ``sample`` for this process's records (each with its global ``index``) of a batch;
+    ``params`` already in the sampling layout. Returns this process's texts, every row's rollout."""
     texts, ids, mask = self.prompts(records)
+    prompt_ids = np.asarray([r["index"] for r in records], np.int32)
+    ids, mask, prompt_ids = self.layout.gather_prompts(ids, mask, prompt_ids, pad_id=self.pad_id)
+    return texts, self._generate(params, ids, mask, prompt_ids, key, None, None)
+
+  def _generate(self, params, ids, mask, prompt_ids, key, strategy, num_samples):
     rollout = sampling.generate(
       params,
       ids,
@@ -117,29 +146,46 @@ class Collector:
       key=key,
       max_new_tokens=self.c.sampling.max_new_tokens,
       stop_tokens=tuple(self.tokenizer.eos_ids),
-      prompt_ids=np.asarray([r.get("index", i) for i, r in enumerate(records)], np.int32),
+      prompt_ids=prompt_ids,
       pad_id=self.pad_id,
       buckets=(ids.shape[1],),
     )
-    return texts, rollout
+    return self.layout.gather_rollout(rollout)
 
   def submit_rewards(self, texts, records, rollout, num_samples):
+    """Decodes every row and scores this process's groups (``Layout.local_groups``) of the whole
+    batch ``records`` (every process passes the same); returns (completions of every row, future
+    of every row's ``RewardResult``)."""
+    g0, g1 = self.layout.local_groups(len(records))
+    return self._submit_local(texts[g0:g1], records[g0:g1], rollout, num_samples, len(records))
+
+  def _submit_local(self, texts, records, rollout, num_samples, num_groups):
+    """``submit_rewards`` given only this process's ``texts`` and ``records``."""
+    g0, g1 = self.layout.local_groups(num_groups)
+    if len(records) != g1 - g0:
+      raise ValueError(
+        f"process {self.layout.process_index} holds {len(records)} of {num_groups} prompts, its "
+        f"layout expects groups [{g0}, {g1}): shard the source with Layout.shard_source"
+      )
     tokens = np.asarray(rollout.tokens)
     cmask = np.asarray(rollout.completion_mask)
+    # Every row's text (the host loop may use them, e.g. COPO's answer ids): decoding is cheap.
     completions = self.tokenizer.decode_batch(tokens, cmask)
+    rows = slice(g0 * num_samples, g1 * num_samples)
     fields = {"answer": [r["answer"] for r in records for _ in range(num_samples)]}
     for extra in ("numbers", "target"):
-      if extra in records[0]:
+      if records and extra in records[0]:
         fields[extra] = [r[extra] for r in records for _ in range(num_samples)]
     prompts = [t for t in texts for _ in range(num_samples)]
-    return completions, self.runtime.submit(
+    future = self.runtime.submit(
       self.reward_fn,
       prompts,
-      completions,
-      completion_lengths=cmask.sum(-1).tolist(),
+      completions[rows],
+      completion_lengths=cmask[rows].sum(-1).tolist(),
       group_size=num_samples,
       **fields,
     )
+    return completions, self.layout.gather_rewards(future, num_groups, num_samples)
 
   def _scores(self, params, ref_params, rollout, *, need_old: bool):
     """Dispatches the no-grad passes (async); returns a dict of device [B_gen, T] arrays."""
@@ -159,6 +205,12 @@ class Collector:
   # ------------------------------------------------------------------ main entry
   def collect(self, params, *, key, ref_params=None, need_old=False, adv_state=None):
     """One rollout batch of P groups; returns (RolloutBatch, new advantage state)."""
+    with self.layout.context():
+      params = self.layout.sampling_params(params)
+      ref_params = self.layout.sampling_params(ref_params)
+      return self._collect(params, key, ref_params, need_old, adv_state)
+
+  def _collect(self, params, key, ref_params, need_old, adv_state):
     c = self.c
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
     refill = c.rl.zero_variance == "refill"
@@ -166,14 +218,17 @@ class Collector:
     groups, spare, metrics = [], [], {"time/sample": 0.0, "time/reward": 0.0}
     reward_metrics = []
     for n in range(rounds):
-      records = self.source.take(P)
+      records = self.source.take(P)  # this process's share of the P prompts
       t0 = time.perf_counter()
-      texts, rollout = self.sample(params, records, key=jax.random.fold_in(key, n))
+      texts, rollout = self._sample_local(params, records, key=jax.random.fold_in(key, n))
       jax.block_until_ready(rollout.tokens)
       t1 = time.perf_counter()
       metrics["time/sample"] += t1 - t0
-      completions, future = self.submit_rewards(texts, records, rollout, G)
-      scores = self._scores(params, ref_params, rollout, need_old=need_old)  # overlaps rewards
+      completions, future = self._submit_local(texts, records, rollout, G, P)
+      # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
+      scores = self.layout.gather_rollout(
+        self._scores(params, ref_params, rollout, need_old=need_old)
+      )
       result = future.result()
       metrics["time/reward"] += time.perf_counter() - t1
       reward_metrics.append(result.metrics)

@@ -9,12 +9,14 @@ Multi-process (``rlvr_jax.distributed``): every process runs the same program on
 mesh. Arrays are built from host data with ``jax.make_array_from_callback`` (every process holds
 the same value, each places its own shards: params at start-up) or
 ``jax.make_array_from_process_local_data`` (each process holds only its rows: its share of a step
-batch, ``process_rows``). Host metrics are reduced across processes with ``reduce_metrics``; orbax
-checkpoints of the sharded state are written collectively (each process writes its own shards).
+batch, ``process_rows``). Host metrics are reduced across processes with ``reduce_metrics``, rows
+gathered with ``allgather_rows``; orbax checkpoints of the sharded state are written collectively
+(each process writes its own shards).
 
-``MeshTrainer`` is ``train.loop.Trainer`` on a mesh: same host loop, state placed in the training
+``MeshLayout`` implements the trainer's placement hooks (``train.layout.Layout``) on a mesh;
+``MeshTrainer`` is ``train.loop.Trainer`` composed with it: same host loop, state in the training
 layout, minibatches sharded over the data axes, params resharded to the sampling layout for the
-rollout, every jitted call traced under ``jax.set_mesh``.
+rollout, every jitted call under ``jax.set_mesh``, each process loading its share of the prompts.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlvr_jax import model as model_lib
 from rlvr_jax import sharding as sharding_lib
+from rlvr_jax.data.source import shard_span
+from rlvr_jax.train import loop
+from rlvr_jax.train.layout import Layout
 from rlvr_jax.train.state import TrainState
 
 
@@ -79,7 +84,7 @@ def place(tree: Any, shardings: Any) -> Any:
     if _is_key(x):
       data = one(jax.random.key_data(x), sh)
       return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
-    if isinstance(x, jax.Array) and x.is_fully_addressable and x.sharding == sh:
+    if isinstance(x, jax.Array) and x.sharding == sh:  # e.g. restored by orbax: already placed
       return x
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sh, lambda idx: host[idx])
@@ -224,32 +229,22 @@ def sharded_train_step(train_step, shardings: TrainState, mesh: Mesh):
   return run
 
 
-def group_range(num_groups: int, group_size: int, mesh: Mesh) -> tuple[int, int]:
-  """Groups ``[g0, g1)`` whose rewards this process computes.
+def allgather_rows(local: np.ndarray, counts: list[int]) -> np.ndarray:
+  """Every process's [counts[i], ...] rows concatenated in process order, on every process.
 
-  The groups whose rows live on this process's devices (``process_rows``) when they hold whole
-  groups; otherwise an even split of the groups over the processes.
+  One all-gather of the rows zero-padded to ``max(counts)`` (processes may hold different numbers
+  of rows). Collective: every process must call it, in the same order. Dtypes wider than 32 bits
+  come back as their 32-bit kind (JAX without x64).
   """
-  n, pid = jax.process_count(), jax.process_index()
-  if n == 1:
-    return 0, num_groups
-  try:
-    rows = process_rows(num_groups * group_size, mesh)
-  except ValueError:
-    rows = None
-  if rows is not None and rows.start % group_size == 0 and rows.stop % group_size == 0:
-    return rows.start // group_size, rows.stop // group_size
-  return pid * num_groups // n, (pid + 1) * num_groups // n
-
-
-def _allgather_rows(local: np.ndarray, counts: list[int]) -> np.ndarray:
-  """Concatenates every process's [n_i, ...] rows in process order (padded all-gather)."""
   from jax.experimental import multihost_utils
 
-  width = max(counts)
-  pad = np.full((width - local.shape[0], *local.shape[1:]), np.nan, np.float64)
-  table = multihost_utils.process_allgather(np.concatenate([local.astype(np.float64), pad], 0))
-  return np.concatenate([np.asarray(table)[i, :c] for i, c in enumerate(counts)], 0)
+  local = np.asarray(local)
+  mine = counts[jax.process_index()]
+  if local.shape[0] != mine:
+    raise ValueError(f"process {jax.process_index()} has {local.shape[0]} rows, counts say {mine}")
+  pad = np.zeros((max(counts) - mine, *local.shape[1:]), local.dtype)
+  table = np.asarray(multihost_utils.process_allgather(np.concatenate([local, pad], 0)))
+  return np.concatenate([table[i, :c] for i, c in enumerate(counts)], 0)
 
 
 class _GatheredRewards:
@@ -263,147 +258,116 @@ class _GatheredRewards:
 
   def result(self):
     r = self.future.result()
-    rewards = _allgather_rows(np.asarray(r.rewards), self.counts).astype(np.float32)
+    gather = lambda x: allgather_rows(np.asarray(x, np.float32), self.counts)
     # Numeric info columns (e.g. ``correct``) are gathered; others (strings) cannot be and are
     # dropped.
-    info = {
-      k: _allgather_rows(np.asarray(v, np.float64), self.counts).astype(np.float32)
-      for k, v in sorted(r.info.items())
-      if np.asarray(v).dtype.kind in "biuf"
-    }
-    token = None
-    if r.token_rewards is not None:
-      token = _allgather_rows(np.asarray(r.token_rewards), self.counts).astype(np.float32)
+    info = {k: gather(v) for k, v in sorted(r.info.items()) if np.asarray(v).dtype.kind in "biuf"}
+    token = None if r.token_rewards is None else gather(r.token_rewards)
     failures = [dataclasses.replace(f, index=f.index + self.offset) for f in r.failures]
     metrics = reduce_metrics(r.metrics, weight=float(len(r.rewards)))
     return dataclasses.replace(
-      r, rewards=rewards, info=info, token_rewards=token, failures=failures, metrics=metrics
+      r, rewards=gather(r.rewards), info=info, token_rewards=token, failures=failures,
+      metrics=metrics,
+    )  # fmt: skip
+
+
+class MeshLayout(Layout):
+  """``train.layout.Layout`` on a (data, fsdp, tensor) mesh, in one process or many.
+
+  The train state in the training layout (``state_shardings``), each minibatch's rows over the
+  data axes (``shard_rows``), the sampler's params resharded to the sampling layout, every jitted
+  call under ``jax.set_mesh``. With several processes each process loads only its contiguous
+  share of every prompt batch (``shard_source`` / ``local_groups``); the tokenized prompts (small
+  [P, S] int arrays) are all-gathered into the global batch, the rollout and scoring passes
+  (small [B, T] arrays) are gathered to every host (``to_host``), each process computes the
+  rewards of its own groups in its own reward workers, and the results are all-gathered, so the
+  host loop (advantages, dynamic sampling, data position, metrics) runs identically on every
+  process. With ``make_mesh``'s process-major device order the groups a process loads are the
+  groups whose rows its devices hold (``process_rows``).
+  """
+
+  def __init__(self, mesh: Mesh):
+    self.mesh = mesh
+    self.process_index, self.process_count = jax.process_index(), jax.process_count()
+    self.state_shardings: TrainState | None = None
+    self.sample_shardings = None
+
+  def context(self):
+    return jax.set_mesh(self.mesh)
+
+  def setup(self, state, *, model_config, optimizer) -> None:
+    self.state_shardings = state_shardings(
+      state, mesh=self.mesh, model_config=model_config, optimizer=optimizer
+    )
+    self.sample_shardings = model_lib.param_shardings(
+      model_config, self.mesh, sharding_lib.SAMPLE_RULES
     )
 
+  def _shardings(self) -> TrainState:
+    if self.state_shardings is None:
+      raise RuntimeError("MeshLayout.setup(state, ...) must be called before placing anything")
+    return self.state_shardings
 
-def _multiprocess_collector(collector, mesh: Mesh):
-  """Turns a ``train.rollout.Collector`` into its multi-process variant (in place).
-
-  Rollouts and scoring passes are gathered to every host (small [B, T] arrays) so the host loop
-  runs identically everywhere; each process computes the rewards of its own groups
-  (``group_range``) in its own reward workers, and the results are all-gathered.
-  """
-  base = type(collector)
-
-  class MultiProcessCollector(base):
-    def sample(self, params, records, **kwargs):
-      texts, ro = super().sample(params, records, **kwargs)
-      return texts, to_host(ro)
-
-    def _scores(self, params, ref_params, rollout, *, need_old):
-      return to_host(super()._scores(params, ref_params, rollout, need_old=need_old))
-
-    def submit_rewards(self, texts, records, rollout, num_samples):
-      num_groups = len(records)
-      g0, g1 = group_range(num_groups, num_samples, mesh)
-      b, rows = num_groups * num_samples, slice(g0 * num_samples, g1 * num_samples)
-      local = jax.tree.map(lambda x: x[rows] if np.ndim(x) and np.shape(x)[0] == b else x, rollout)
-      _, future = super().submit_rewards(texts[g0:g1], records[g0:g1], local, num_samples)
-      from jax.experimental import multihost_utils
-
-      spans = np.asarray(multihost_utils.process_allgather(np.array([g0, g1], np.int64)))
-      counts = [int(hi - lo) * num_samples for lo, hi in spans.reshape(-1, 2)]
-      # Every row's text (the host loop may use them, e.g. COPO's answer ids): decoding is cheap.
-      completions = self.tokenizer.decode_batch(
-        np.asarray(rollout.tokens), np.asarray(rollout.completion_mask)
-      )
-      return completions, _GatheredRewards(future, counts, rows.start)
-
-  collector.__class__ = MultiProcessCollector
-  return collector
-
-
-class MeshTrainer:
-  """Factory for a ``train.loop.Trainer`` on a mesh (see the module docstring).
-
-  ``MeshTrainer(config, mesh=mesh)`` returns a Trainer subclass instance whose state is in the
-  training layout, whose minibatches are row-sharded, and whose rollouts sample with params in the
-  sampling layout. With several processes (``rlvr_jax.distributed``) every process runs the same
-  host loop on host copies of the (small) rollout arrays, computes the rewards of its own groups,
-  writes checkpoints collectively into ``config.workdir``, and only process 0 logs there (the
-  others write their metrics to ``<workdir>/process_<i>``).
-  """
-
-  def __new__(cls, config, *, mesh: Mesh, log=print):
-    import os
-
-    from rlvr_jax.train import loop
-
-    primary = jax.process_index() == 0
-
-    class _Trainer(loop.Trainer):
-      def __init__(self):
-        super().__init__(config, log=log if primary else (lambda s: None))
-        self.mesh = mesh
-        if not primary:  # checkpoints stay shared; logs, summaries, plots go elsewhere
-          c = config.copy_and_resolve_references()
-          c.workdir = os.path.join(config.workdir, f"process_{jax.process_index()}")
-          c.logging.progress = False
-          os.makedirs(c.workdir, exist_ok=True)
-          self.c = c
-        self.shardings = state_shardings(
-          self.state, mesh=mesh, model_config=self.model_config, optimizer=self.optimizer
-        )
-        self.sample_shardings = model_lib.param_shardings(
-          self.model_config, mesh, sharding_lib.SAMPLE_RULES
-        )
-        with jax.set_mesh(mesh):
-          self.state = place(self.state, self.shardings)
-        self.train_step = sharded_train_step(self.train_step, self.shardings, mesh)
-        if jax.process_count() > 1:
-          _multiprocess_collector(self.collector, mesh)
-        self.collector = _SamplingLayout(self.collector, self.sample_shardings, mesh)
-
-      def _minibatch(self, batch, rows):
-        tb, num_tokens, num_seqs = super()._minibatch(batch, rows)
-        return shard_rows(tb, mesh), num_tokens, num_seqs
-
-      def restore_or_start(self):
-        with jax.set_mesh(mesh):
-          out = super().restore_or_start()
-          self.state = place(self.state, self.shardings)  # after a warm start, too
-        return out
-
-      def rl_step(self, step):
-        with jax.set_mesh(mesh):
-          return super().rl_step(step)
-
-      def evaluate(self):
-        with jax.set_mesh(mesh):
-          return super().evaluate()
-
-    return _Trainer()
-
-
-@dataclasses.dataclass
-class _SamplingLayout:
-  """Wraps a ``train.rollout.Collector``: params (and reference params) are resharded to the
-  sampling layout before sampling and scoring; every other attribute is the collector's."""
-
-  inner: Any
-  shardings: Any
-  mesh: Mesh
-
-  def __getattr__(self, name):
-    return getattr(self.inner, name)
-
-  def _to_sample(self, params):
-    return None if params is None else sharding_lib.reshard(params, self.shardings)
-
-  def collect(self, params, *, ref_params=None, **kwargs):
+  def place_state(self, state):
     with jax.set_mesh(self.mesh):
-      return self.inner.collect(
-        self._to_sample(params), ref_params=self._to_sample(ref_params), **kwargs
-      )
+      return place(state, self._shardings())
 
-  def sample(self, params, records, **kwargs):
-    with jax.set_mesh(self.mesh):
-      return self.inner.sample(self._to_sample(params), records, **kwargs)
+  def wrap_train_step(self, train_step):
+    return sharded_train_step(train_step, self._shardings(), self.mesh)
+
+  def place_batch(self, batch):
+    return shard_rows(batch, self.mesh)
+
+  def sampling_params(self, params):
+    if params is None:
+      return None
+    self._shardings()
+    return sharding_lib.reshard(params, self.sample_shardings)
+
+  def _counts(self, num: int) -> list[int]:
+    spans = [shard_span(num, i, self.process_count) for i in range(self.process_count)]
+    return [hi - lo for lo, hi in spans]
+
+  def gather_prompts(self, prompt_tokens, prompt_mask, prompt_ids, *, pad_id: int):
+    if self.process_count == 1:
+      return prompt_tokens, prompt_mask, prompt_ids
+    from jax.experimental import multihost_utils
+
+    tokens, mask = np.asarray(prompt_tokens, np.int32), np.asarray(prompt_mask, bool)
+    # [num_processes, 2]: every process's number of prompts and padded width.
+    meta = np.asarray(multihost_utils.process_allgather(np.array(tokens.shape, np.int32)))
+    counts = [int(n) for n in meta[:, 0]]
+    pad = int(meta[:, 1].max()) - tokens.shape[1]  # left padding to the widest process's width
+    tokens = np.pad(tokens, ((0, 0), (pad, 0)), constant_values=pad_id)
+    mask = np.pad(mask, ((0, 0), (pad, 0)), constant_values=False)
+    ids = np.asarray(prompt_ids, np.int32)[:, None]
+    packed = allgather_rows(np.concatenate([tokens, mask.astype(np.int32), ids], 1), counts)
+    s = tokens.shape[1]
+    return packed[:, :s], packed[:, s : 2 * s].astype(bool), packed[:, 2 * s]
+
+  def gather_rollout(self, tree):
+    return tree if self.process_count == 1 else to_host(tree)
+
+  def gather_rewards(self, future, num_groups: int, group_size: int):
+    if self.process_count == 1:
+      return future
+    counts = [n * group_size for n in self._counts(num_groups)]
+    g0, _ = self.local_groups(num_groups)
+    return _GatheredRewards(future, counts, g0 * group_size)
+
+
+class MeshTrainer(loop.Trainer):
+  """``train.loop.Trainer`` with a ``MeshLayout``: the same host loop with the state in the
+  training layout, minibatches row-sharded, rollouts sampled with params in the sampling layout.
+
+  With several processes (``rlvr_jax.distributed``) every process runs the same host loop, loads
+  and rewards its own share of the prompts, writes checkpoints collectively into
+  ``config.workdir``, and only process 0 logs there (the others write their metrics to
+  ``<workdir>/process_<i>``).
+  """
+
+  def __init__(self, config, *, mesh: Mesh, log=print):
+    super().__init__(config, log=log, layout=MeshLayout(mesh))
 
 
 def parse_mesh(text: str) -> tuple[int, int, int] | None:
@@ -423,8 +387,6 @@ def train(config, *, mesh_sizes=None, log=print) -> dict:
   """``train.loop.train`` on a mesh: ``mesh_sizes`` (data, fsdp, tensor; -1 = infer) over all
   devices of all processes. ``None`` with one process: the plain single-device ``Trainer``;
   ``None`` with several processes: FSDP over every device, ``(1, -1, 1)``."""
-  from rlvr_jax.train import loop
-
   if mesh_sizes is None and jax.process_count() == 1:
     return loop.train(config, log=log)
   mesh = sharding_lib.make_mesh(*(mesh_sizes or (1, -1, 1)))
