@@ -36,13 +36,18 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax import _logprobs_tiles as tiles
+from rlvr_jax._logprobs_fused import DEFAULT_FUSED_CHUNK_SIZE, fused_objective_from_hidden
+
 DEFAULT_CHUNK_SIZE = 1024
 DEFAULT_VOCAB_CHUNK_SIZE = 8192
 
 __all__ = [
   "DEFAULT_CHUNK_SIZE",
+  "DEFAULT_FUSED_CHUNK_SIZE",
   "DEFAULT_VOCAB_CHUNK_SIZE",
   "TokenStats",
+  "fused_objective_from_hidden",
   "token_logprobs_from_hidden",
   "token_logprobs_from_logits",
   "token_stats_from_hidden",
@@ -65,58 +70,10 @@ class TokenStats(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------------------
-# Per-chunk math, on float32 tempered logits z [C, V].
-
-
-def _chunk_stats(z, y, want_entropy, want_mean):
-  """(logp, lse, entropy, mu) for one chunk; entropy/mu are zeros when not wanted."""
-  zmax = jnp.max(z, axis=-1, keepdims=True)
-  shifted = z - zmax
-  e = jnp.exp(shifted)
-  s = jnp.sum(e, axis=-1)
-  log_s = jnp.log(s)
-  lse = zmax[:, 0] + log_s
-  z_y = jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0]
-  logp = z_y - lse
-  if want_entropy:
-    # H = log s − Σ e·(z − max)/s: the shifted form avoids cancelling two large numbers.
-    entropy = log_s - jnp.sum(e * shifted, axis=-1) / s
-  else:
-    entropy = jnp.zeros_like(lse)
-  mu = jnp.mean(z, axis=-1) - lse if want_mean else jnp.zeros_like(lse)
-  return logp, lse, entropy, mu
-
-
-def _chunk_dz(z, cols, y, lse, entropy, g_logp, g_entropy, g_mu, vocab_size):
-  """Cotangent w.r.t. tempered logits z [C, Vb] (vocabulary columns `cols` [Vb]) from [C] cotangents."""
-  log_p = z - lse[:, None]
-  p = jnp.exp(log_p)
-  onehot = cols[None, :] == y[:, None]
-  # Σ of the three rules of the module docstring, grouped so the −p terms share one product.
-  coef = g_logp + g_mu
-  dz = jnp.where(onehot, g_logp[:, None], 0.0) + g_mu[:, None] / vocab_size
-  return dz - p * (coef[:, None] + g_entropy[:, None] * (log_p + entropy[:, None]))
-
-
-# ----------------------------------------------------------------------------------------------
 # From hidden states: custom VJP with per-chunk recomputation. Tokens are split into chunks of C
 # rows and the vocabulary into blocks of Vb columns; the forward pass folds blocks into running
 # (max, Σe, Σe·(z − max)) statistics (online logsumexp), the backward pass recomputes each
 # [C, Vb] block and adds its contribution to dhidden and, in place, to its columns of dunembed.
-
-
-def _hidden_logits(h, w, inv_tau):
-  return jnp.dot(h, w, preferred_element_type=jnp.float32) * inv_tau
-
-
-def _vocab_blocks(vocab_size, block):
-  """(index, start column) of ceil(V / Vb) blocks; the last one is shifted back to fit inside V.
-
-  Columns of the shifted block that an earlier block already covered are "stale": they are
-  excluded (col < index * Vb), so every column is counted exactly once.
-  """
-  index = jnp.arange(-(-vocab_size // block))
-  return index, jnp.minimum(index * block, vocab_size - block)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -132,32 +89,15 @@ def _hidden_stats_fwd(h, w, y, inv_tau, vblock, want_entropy, want_mean):
   def one_chunk(args):
     h_c, y_c = args
 
-    def one_block(carry, block):
-      m, s, a, z_y, z_sum = carry
+    def one_block(online, block):
       index, start = block
-      z = _hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
-      cols = start + jnp.arange(vblock)
-      fresh = (cols >= index * vblock)[None, :]
-      new_m = jnp.maximum(m, jnp.max(jnp.where(fresh, z, -jnp.inf), axis=-1))
-      scale = jnp.exp(m - new_m)
-      shifted = z - new_m[:, None]
-      e = jnp.where(fresh, jnp.exp(shifted), 0.0)
-      s_new = s * scale + jnp.sum(e, axis=-1)
-      if want_entropy:  # a = Σ e·(z − m), rescaled to the new running max
-        a = scale * (a + (m - new_m) * s) + jnp.sum(e * shifted, axis=-1)
-      z_y = z_y + jnp.sum(jnp.where(fresh & (cols[None, :] == y_c[:, None]), z, 0.0), axis=-1)
-      if want_mean:
-        z_sum = z_sum + jnp.sum(jnp.where(fresh, z, 0.0), axis=-1)
-      return (new_m, s_new, a, z_y, z_sum), None
+      z = tiles.hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
+      cols, fresh = tiles.block_columns(index, start, vblock)
+      return online.fold(z, cols, fresh, y_c, want_entropy, want_mean), None
 
-    zeros = jnp.zeros(y_c.shape, jnp.float32)
-    init = (jnp.full(y_c.shape, -1e30, jnp.float32), zeros, zeros, zeros, zeros)
-    (m, s, a, z_y, z_sum), _ = jax.lax.scan(one_block, init, _vocab_blocks(vocab_size, vblock))
-    log_s = jnp.log(s)
-    lse = m + log_s
-    entropy = log_s - a / s if want_entropy else zeros
-    mu = z_sum / vocab_size - lse if want_mean else zeros
-    return z_y - lse, lse, entropy, mu
+    blocks = tiles.vocab_blocks(vocab_size, vblock)
+    online, _ = jax.lax.scan(one_block, tiles.Online.start(y_c.shape), blocks)
+    return online.finish(vocab_size, want_entropy, want_mean)
 
   logp, lse, entropy, mu = jax.lax.map(one_chunk, (h, y))
   return (logp, entropy, mu), (h, w, y, inv_tau, lse, entropy)
@@ -179,17 +119,17 @@ def _hidden_stats_bwd(vblock, want_entropy, want_mean, residuals, cotangents):
       dw, dh_c = carry
       index, start = block
       w_b = jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1)
-      z = _hidden_logits(h_c, w_b, inv_tau)
-      cols = start + jnp.arange(vblock)
-      dz = _chunk_dz(z, cols, y_c, lse_c, ent_c, gl_c, ge_c, gm_c, vocab_size)
-      dz = jnp.where((cols >= index * vblock)[None, :], dz * inv_tau, 0.0)  # d/d(h @ w)
+      z = tiles.hidden_logits(h_c, w_b, inv_tau)
+      cols, fresh = tiles.block_columns(index, start, vblock)
+      dz = tiles.chunk_dz(z, cols, y_c, lse_c, ent_c, gl_c, ge_c, gm_c, vocab_size)
+      dz = jnp.where(fresh, dz * inv_tau, 0.0)  # d/d(h @ w)
       dh_c = dh_c + jnp.dot(dz, w_b.T, preferred_element_type=jnp.float32)
       dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
       dw_b = dw_b + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
       return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
 
     dh0 = jnp.zeros(h_c.shape, jnp.float32)
-    (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), _vocab_blocks(vocab_size, vblock))
+    (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), tiles.vocab_blocks(vocab_size, vblock))
     return dw, dh_c.astype(h.dtype)
 
   dw0 = jnp.zeros(w.shape, jnp.float32)
@@ -223,7 +163,7 @@ def _logits_stats_fwd(logits, y, inv_tau, chunk, want_entropy, want_mean):
   def one_chunk(outs, start):
     z = jax.lax.dynamic_slice_in_dim(logits, start, chunk).astype(jnp.float32) * inv_tau
     y_c = jax.lax.dynamic_slice_in_dim(y, start, chunk)
-    stats = _chunk_stats(z, y_c, want_entropy, want_mean)
+    stats = tiles.chunk_stats(z, y_c, want_entropy, want_mean)
     # Overlapping rows of the shifted last window are rewritten with identical values.
     outs = tuple(
       jax.lax.dynamic_update_slice_in_dim(o, s, start, 0) for o, s in zip(outs, stats, strict=True)
@@ -248,7 +188,7 @@ def _logits_stats_bwd(chunk, want_entropy, want_mean, residuals, cotangents):
     sl = lambda a: jax.lax.dynamic_slice_in_dim(a, start, chunk)
     z = sl(logits).astype(jnp.float32) * inv_tau
     cols = jnp.arange(z.shape[-1])
-    dz = _chunk_dz(
+    dz = tiles.chunk_dz(
       z, cols, sl(y), sl(lse), sl(entropy), sl(g_logp), sl(g_entropy), sl(g_mu), z.shape[-1]
     )
     dz = (dz * inv_tau).astype(logits.dtype)
@@ -263,25 +203,6 @@ _logits_stats.defvjp(_logits_stats_fwd, _logits_stats_bwd)
 
 # ----------------------------------------------------------------------------------------------
 # Public API.
-
-
-def _check_common(name, x, tokens, temperature, chunk_size):
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise TypeError(f"{name} must be floating point, got dtype {x.dtype}")
-  if not jnp.issubdtype(tokens.dtype, jnp.integer):
-    raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-  if x.shape[:-1] != tokens.shape:
-    raise ValueError(
-      f"{name} shape {x.shape} must be tokens shape {tokens.shape} plus one trailing axis"
-    )
-  if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-  if isinstance(temperature, int | float) and not temperature > 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}")
-
-
-def _inv_temperature(temperature):
-  return 1.0 / jnp.asarray(temperature, jnp.float32)
 
 
 def token_stats_from_hidden(
@@ -311,30 +232,12 @@ def token_stats_from_hidden(
   Returns:
     `TokenStats` of [B, T] float32 arrays, differentiable w.r.t. `hidden` and `unembed`.
   """
-  _check_common("hidden", hidden, tokens, temperature, chunk_size)
-  if unembed.ndim != 2 or unembed.shape[0] != hidden.shape[-1]:
-    raise ValueError(
-      f"unembed must be [D, V] with D = hidden.shape[-1]; got unembed {unembed.shape}, "
-      f"hidden {hidden.shape}"
-    )
-  if not jnp.issubdtype(unembed.dtype, jnp.floating):
-    raise TypeError(f"unembed must be floating point, got dtype {unembed.dtype}")
-  if vocab_chunk_size is not None and (
-    not isinstance(vocab_chunk_size, int)
-    or isinstance(vocab_chunk_size, bool)
-    or vocab_chunk_size < 1
-  ):
-    raise ValueError(f"vocab_chunk_size must be a positive int or None, got {vocab_chunk_size!r}")
-  lead, d, v = tokens.shape, hidden.shape[-1], unembed.shape[-1]
-  h = hidden.reshape(-1, d)
-  y = jnp.clip(tokens.reshape(-1), 0, v - 1).astype(jnp.int32)
-  n = h.shape[0]
-  chunk = max(1, min(chunk_size, n))
-  num_chunks = -(-n // chunk)
-  pad = num_chunks * chunk - n  # zero rows: a uniform distribution, finite and dropped below
-  h = jnp.pad(h, ((0, pad), (0, 0))).reshape(num_chunks, chunk, d)
-  y = jnp.pad(y, (0, pad)).reshape(num_chunks, chunk)
-  inv_tau = _inv_temperature(temperature)
+  tiles.check_common("hidden", hidden, tokens, temperature, chunk_size)
+  tiles.check_unembed(hidden, unembed)
+  tiles.check_positive_int("vocab_chunk_size", vocab_chunk_size, allow_none=True)
+  lead, v = tokens.shape, unembed.shape[-1]
+  h, y, n = tiles.token_tiles(hidden, tokens, v, chunk_size)
+  inv_tau = tiles.inv_temperature(temperature)
   vblock = v if vocab_chunk_size is None else min(vocab_chunk_size, v)
   logp, entropy, mu = _hidden_stats(
     h, unembed, y, inv_tau, vblock, compute_entropy, compute_mean_log_softmax
@@ -369,12 +272,12 @@ def token_stats_from_logits(
   Returns:
     `TokenStats` of [B, T] float32 arrays, differentiable w.r.t. `logits` (gradient in its dtype).
   """
-  _check_common("logits", logits, tokens, temperature, chunk_size)
+  tiles.check_common("logits", logits, tokens, temperature, chunk_size)
   lead, v = tokens.shape, logits.shape[-1]
   flat = logits.reshape(-1, v)
   y = jnp.clip(tokens.reshape(-1), 0, v - 1).astype(jnp.int32)
   chunk = max(1, min(chunk_size, flat.shape[0]))
-  inv_tau = _inv_temperature(temperature)
+  inv_tau = tiles.inv_temperature(temperature)
   logp, entropy, mu = _logits_stats(
     flat, y, inv_tau, chunk, compute_entropy, compute_mean_log_softmax
   )

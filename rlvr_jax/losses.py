@@ -127,6 +127,25 @@ OBJECTIVES = {
   "siren": siren_objective,
 }
 
+# Recipes whose gradient w.r.t. (logp_t, H_t) is TOKEN-LOCAL (depends on token t's values and on
+# constants only) when their batch statistics come from ``step_statistics``: the trainer may then
+# fuse the objective into the log-prob sweep (``logprobs.fused_objective_from_hidden``). GSPO / GMPO
+# (sequence-level ratios) are not; tests/test_logprobs_fused.py checks every recipe listed here.
+TOKEN_LOCAL_OBJECTIVES = ("ppo", "grpo", "dr_grpo", "dapo", "lite_ppo", "riskpo", "gppo", "cispo",
+                          "sapo", "copo", "clip_cov", "kl_cov", "high_entropy", "steer", "lp_reg",
+                          "siren")  # fmt: skip
+
+
+def is_token_local(name: str, options: dict) -> bool:
+  """Whether objective ``name`` with keyword ``options`` has a token-local gradient: a listed
+  recipe, at 'step' scope (statistics computed beforehand), without off-policy sequence masking."""
+  return (
+    name in TOKEN_LOCAL_OBJECTIVES
+    and options.get("scope", "step") == "step"
+    and options.get("opsm_threshold") is None
+  )
+
+
 # Objectives whose batch statistics ``step_statistics`` computes (siren: its selected entropy).
 STEP_STAT_OBJECTIVES = ("clip_cov", "kl_cov", "high_entropy", "steer", "lp_reg", "siren")
 
@@ -188,6 +207,7 @@ __all__ = [
   "OBJECTIVES",
   "SCOPES",
   "STEP_STAT_OBJECTIVES",
+  "TOKEN_LOCAL_OBJECTIVES",
   "CommonOptions",
   "CovStats",
   "aggregate",
@@ -211,6 +231,7 @@ __all__ = [
   "high_entropy_mask",
   "high_entropy_objective",
   "high_entropy_threshold",
+  "is_token_local",
   "kl_cov_mask",
   "kl_cov_objective",
   "kl_cov_stats",

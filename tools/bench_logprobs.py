@@ -10,6 +10,8 @@ as in Qwen2.5-0.5B and the real Qwen vocabulary V = 151,936, next tokens [1, T])
 Contenders (each in its own subprocess, so peak memory and time are clean):
 
   jax_chunked     rlvr_jax.logprobs (custom VJP, per-chunk recomputation) + rlvr_jax.losses.grpo_objective
+  jax_fused       rlvr_jax.logprobs.fused_objective_from_hidden: the same grpo_objective fused into one
+                  sweep over 64-token x whole-vocabulary tiles (gradient in the forward pass, 3 matmuls)
   jax_remat       same math as plain autodiff of log_softmax, jax.checkpoint per chunk inside lax.map
   trl_logits      TRL's public functions: logits = hidden @ W.T, trl.trainer.utils.selective_log_softmax,
                   trl.trainer.utils.entropy_from_logits (the pre-1.x GRPOTrainer path)
@@ -51,7 +53,15 @@ VOCAB = 151_936  # Qwen2/2.5 vocabulary
 NUM_SAMPLES = 8  # group size for the advantages
 CLIP = 0.2
 ENTROPY_COEF = 1e-3
-CONTENDERS = ("jax_chunked", "jax_remat", "trl_logits", "trl_fused", "verl_logits", "verl_fused")
+CONTENDERS = (
+  "jax_fused",
+  "jax_chunked",
+  "jax_remat",
+  "trl_logits",
+  "trl_fused",
+  "verl_logits",
+  "verl_fused",
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,7 +241,10 @@ def _build_jax(name, data, args):
   chunk = args.chunk_size or logprobs.DEFAULT_CHUNK_SIZE
   vocab_chunk = args.vocab_chunk_size or logprobs.DEFAULT_VOCAB_CHUNK_SIZE
 
-  if name == "jax_chunked":
+  fused_chunk = args.chunk_size or logprobs.DEFAULT_FUSED_CHUNK_SIZE
+  if name == "jax_fused":
+    stats = None  # the loss and the statistics come from one fused call, below
+  elif name == "jax_chunked":
 
     def stats(h, w):
       return logprobs.token_logprobs_from_hidden(
@@ -259,9 +272,8 @@ def _build_jax(name, data, args):
   else:
     raise ValueError(name)
 
-  def loss_fn(h, w):
-    logp, entropy = stats(h, w)
-    loss, _ = losses.grpo_objective(
+  def objective(logp, entropy):
+    return losses.grpo_objective(
       logp,
       old_logp,
       advantages,
@@ -273,8 +285,16 @@ def _build_jax(name, data, args):
       clip_low=CLIP,
       clip_high=CLIP,
       loss_agg_mode="token_mean",
-    )
-    return loss, (logp, entropy)
+    )[0]
+
+  def loss_fn(h, w):
+    if name == "jax_fused":
+      loss, logp, entropy = logprobs.fused_objective_from_hidden(
+        h, w, tokens, objective, chunk_size=fused_chunk, logp_fill=old_logp
+      )
+      return loss, (logp, entropy)
+    logp, entropy = stats(h, w)
+    return objective(logp, entropy), (logp, entropy)
 
   grad_fn = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True))
   compiled = grad_fn.lower(hidden, unembed).compile()  # compile before the memory baseline

@@ -1,0 +1,202 @@
+"""A token-local objective fused into the log-prob sweep: three matmul passes instead of four.
+
+`logprobs.token_stats_from_hidden` keeps memory flat by recomputing every logits tile in the backward
+pass: z = h W (forward), then z again, dh = dz Wᵀ and dW = hᵀ dz (backward), four [N, D] x [D, V]
+matmul passes. When the objective's gradient is TOKEN-LOCAL,
+
+  ∂L/∂logp_t and ∂L/∂H_t depend on (logp_t, H_t) and constants only, not on other tokens' values,
+
+the cotangent of each tile is known as soon as the tile's statistics are. The forward sweep takes C
+tokens at a time, computes their logits z = h W block by block over the vocabulary (Vb columns,
+kept: C x V float32 per tile), their logp / H (online logsumexp), the objective's cotangents
+(g_logp, g_H) for those tokens, then walks the kept blocks again for dz (rules in `logprobs`),
+dh += dz W_bᵀ and dW_b += hᵀ dz. The backward pass only scales the stored gradients by the loss
+cotangent: three matmul passes, the count of a logits-materialising implementation, with one
+[C, V] float32 tile alive (156 MB at C = 256, V = 151,936) instead of [N, V]. This is the
+"gradient in the forward pass" scheme of fused linear cross-entropy kernels (Liger-Kernel,
+arXiv 2410.10989), opened up to any token-local objective: PPO-clip / GRPO / DAPO / Dr.GRPO / CISPO /
+GPPO / SAPO surrogates, every aggregation mode (the normalisers are constants of the step batch),
+constant token weights and selections computed beforehand (step-scope statistics), k1/k2/k3 KL to a
+reference and the entropy bonus. NOT token-local: GSPO / GMPO (sequence-level ratio), off-policy
+sequence masking (OPSM), and statistics computed from the current log-probs inside the objective
+(scope='micro'); for those the gradient from this function is wrong, use the unfused path.
+
+How the cotangents of a tile are obtained without knowing later tiles: the objective is evaluated on
+the whole [B, T] arrays in which the tiles swept so far hold their values and the rest hold
+placeholders (``logp_fill`` / zeros); for a token-local objective the cotangent at the tile's
+positions does not depend on the placeholders. The objective is elementwise work, so evaluating its
+VJP once per tile costs O(N²/C) flops against the O(N D V) of the matmuls.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import _logprobs_tiles as tiles
+
+DEFAULT_FUSED_CHUNK_SIZE = 256
+VOCAB_BLOCK = 8192
+
+
+def _zero_cotangent(x):
+  x = jnp.asarray(x)
+  if jnp.issubdtype(x.dtype, jnp.inexact):
+    return jnp.zeros_like(x)
+  return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def _tile_forward(h_c, w, y_c, inv_tau, want_entropy, keep_logits):
+  """Online statistics of one token tile over all vocabulary blocks.
+
+  Returns (logp, lse, entropy) [C] and, with ``keep_logits``, the blocks z [K_v, C, Vb]."""
+  vblock = min(w.shape[1], VOCAB_BLOCK)
+
+  def one_block(online, block):
+    index, start = block
+    z = tiles.hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
+    cols, fresh = tiles.block_columns(index, start, vblock)
+    return online.fold(z, cols, fresh, y_c, want_entropy, False), z if keep_logits else None
+
+  blocks = tiles.vocab_blocks(w.shape[1], vblock)
+  online, zs = jax.lax.scan(one_block, tiles.Online.start(y_c.shape), blocks)
+  logp, lse, entropy, _ = online.finish(w.shape[1], want_entropy, False)
+  return logp, lse, entropy, zs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fused(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
+  """h [K, C, D], w [D, V], y [K, C], fill [K·C] -> (loss, logp [K, C], entropy [K, C])."""
+
+  def one_tile(args):
+    h_c, y_c = args
+    logp, _, entropy, _ = _tile_forward(h_c, w, y_c, inv_tau, want_entropy, False)
+    return logp, entropy
+
+  logp, entropy = jax.lax.map(one_tile, (h, y))
+  return loss_fn(logp.reshape(-1), entropy.reshape(-1), *consts), logp, entropy
+
+
+def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
+  num_tiles, chunk, _ = h.shape
+  vocab_size = w.shape[1]
+  vblock = min(vocab_size, VOCAB_BLOCK)
+
+  def tile_cotangents(logp_all, ent_all):
+    _, vjp = jax.vjp(lambda lp, ent: loss_fn(lp, ent, *consts), logp_all, ent_all)
+    return vjp(jnp.ones((), jnp.float32))
+
+  def one_tile(carry, xs):
+    dw, logp_all, ent_all = carry
+    k, h_c, y_c = xs
+    logp_c, lse_c, ent_c, zs = _tile_forward(h_c, w, y_c, inv_tau, want_entropy, True)
+    start = k * chunk
+    logp_all = jax.lax.dynamic_update_slice_in_dim(logp_all, logp_c, start, 0)
+    ent_all = jax.lax.dynamic_update_slice_in_dim(ent_all, ent_c, start, 0)
+    g_logp_all, g_ent_all = tile_cotangents(logp_all, ent_all)
+    g_logp = jax.lax.dynamic_slice_in_dim(g_logp_all, start, chunk)
+    g_ent = jax.lax.dynamic_slice_in_dim(g_ent_all, start, chunk)
+    if not want_entropy:
+      g_ent = jnp.zeros_like(g_ent)
+    g_mu = jnp.zeros_like(g_logp)
+
+    def one_block(carry, xs):
+      dw, dh_c = carry
+      (index, start), z = xs
+      w_b = jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1)
+      cols, fresh = tiles.block_columns(index, start, vblock)
+      dz = tiles.chunk_dz(z, cols, y_c, lse_c, ent_c, g_logp, g_ent, g_mu, vocab_size)
+      dz = jnp.where(fresh, dz * inv_tau, 0.0)  # d/d(h @ w)
+      dh_c = dh_c + jnp.dot(dz, w_b.T, preferred_element_type=jnp.float32)
+      dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
+      dw_b = dw_b + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
+      return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
+
+    dh0 = jnp.zeros(h_c.shape, jnp.float32)
+    blocks = tiles.vocab_blocks(vocab_size, vblock)
+    (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), (blocks, zs))
+    return (dw, logp_all, ent_all), (logp_c, ent_c, dh_c.astype(h.dtype))
+
+  init = (jnp.zeros(w.shape, jnp.float32), fill, jnp.zeros_like(fill))
+  xs = (jnp.arange(num_tiles), h, y)
+  (dw, logp_all, ent_all), (logp, entropy, dh) = jax.lax.scan(one_tile, init, xs)
+  loss = loss_fn(logp_all, ent_all, *consts)
+  residuals = (dh, dw.astype(w.dtype), y, inv_tau, fill, consts)
+  return (loss, logp, entropy), residuals
+
+
+def _fused_bwd(loss_fn, want_entropy, residuals, cotangents):
+  dh, dw, y, inv_tau, fill, consts = residuals
+  g_loss = cotangents[0]  # logp / entropy leave through stop_gradient: their cotangents are zero
+  return (
+    (g_loss * dh).astype(dh.dtype),
+    (g_loss * dw).astype(dw.dtype),
+    _zero_cotangent(y),
+    jnp.zeros_like(inv_tau),
+    jnp.zeros_like(fill),
+    jax.tree.map(_zero_cotangent, consts),
+  )
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def fused_objective_from_hidden(
+  hidden: jax.Array,
+  unembed: jax.Array,
+  tokens: jax.Array,
+  objective: Callable[[jax.Array, jax.Array | None], jax.Array],
+  *,
+  temperature: float | jax.Array = 1.0,
+  chunk_size: int = DEFAULT_FUSED_CHUNK_SIZE,
+  compute_entropy: bool = True,
+  logp_fill: jax.Array | None = None,
+):
+  """L = objective(logp, H) with π = softmax(hidden @ unembed / τ), fused into one sweep.
+
+  Args:
+    hidden: [B, T, D] final hidden states (after the final norm), any float dtype.
+    unembed: [D, V] unembedding matrix.
+    tokens: [B, T] integer ids y whose log-prob is wanted (ids outside [0, V) are clipped).
+    objective: ``(logp [B, T], entropy [B, T] or None) -> scalar loss``; its gradient must be
+      token-local (module docstring). It may close over arrays (advantages, masks, normalisers,
+      traced coefficients): they are constants, no gradient flows to them.
+    temperature: τ > 0, a constant.
+    chunk_size: tokens per tile (C); the largest temporaries are a few [C, V] float32 tiles plus
+      the [D, V] float32 gradient of ``unembed``.
+    compute_entropy: pass the differentiable full-vocabulary entropy H to ``objective`` (else None).
+    logp_fill: [B, T] placeholder log-probs for the tokens not yet swept (e.g. ``old_logp``); only
+      the objective's values there matter, never the gradient. Default: zeros.
+
+  Returns:
+    ``(loss, logp, entropy)``: the scalar loss, differentiable w.r.t. ``hidden`` and ``unembed``
+    (three matmul passes in all), and the per-token logp and H ([B, T] float32, entropy None when
+    not computed) as constants (stop_gradient), e.g. for metrics.
+  """
+  tiles.check_common("hidden", hidden, tokens, temperature, chunk_size)
+  tiles.check_unembed(hidden, unembed)
+  if logp_fill is not None and jnp.shape(logp_fill) != tokens.shape:
+    raise ValueError(f"logp_fill shape {jnp.shape(logp_fill)} must be tokens shape {tokens.shape}")
+  lead = tokens.shape
+  h, y, n = tiles.token_tiles(hidden, tokens, unembed.shape[-1], chunk_size)
+  pad = y.size - n  # zero rows: finite statistics, dropped before the objective
+  fill = jnp.zeros((n,), jnp.float32) if logp_fill is None else jnp.ravel(logp_fill)
+  fill = jnp.pad(jax.lax.stop_gradient(fill).astype(jnp.float32), (0, pad))
+
+  def flat_objective(logp_flat, ent_flat):
+    unpad = lambda a: a[:n].reshape(lead)
+    return jnp.asarray(
+      objective(unpad(logp_flat), unpad(ent_flat) if compute_entropy else None), jnp.float32
+    )
+
+  example = jnp.zeros((y.size,), jnp.float32)
+  loss_fn, consts = jax.closure_convert(flat_objective, example, example)
+  loss, logp, entropy = _fused(
+    loss_fn, compute_entropy, h, unembed, y, tiles.inv_temperature(temperature), fill, consts
+  )
+  unpad = lambda a: jax.lax.stop_gradient(a).reshape(-1)[:n].reshape(lead)
+  return loss, unpad(logp), unpad(entropy) if compute_entropy else None

@@ -1,0 +1,153 @@
+"""Tile-level math shared by `logprobs` (chunked, recomputing) and `_logprobs_fused` (one sweep).
+
+A tile is C tokens x Vb vocabulary columns of float32 tempered logits z = h W_b / τ. Statistics over
+the whole vocabulary are folded block by block (online logsumexp); the cotangent rules are those of the
+`logprobs` module docstring.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+def chunk_stats(z, y, want_entropy, want_mean):
+  """(logp, lse, entropy, mu) of whole-vocabulary rows z [C, V]; entropy/mu are zeros if unwanted."""
+  zmax = jnp.max(z, axis=-1, keepdims=True)
+  shifted = z - zmax
+  e = jnp.exp(shifted)
+  s = jnp.sum(e, axis=-1)
+  log_s = jnp.log(s)
+  lse = zmax[:, 0] + log_s
+  z_y = jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0]
+  logp = z_y - lse
+  if want_entropy:
+    # H = log s − Σ e·(z − max)/s: the shifted form avoids cancelling two large numbers.
+    entropy = log_s - jnp.sum(e * shifted, axis=-1) / s
+  else:
+    entropy = jnp.zeros_like(lse)
+  mu = jnp.mean(z, axis=-1) - lse if want_mean else jnp.zeros_like(lse)
+  return logp, lse, entropy, mu
+
+
+def chunk_dz(z, cols, y, lse, entropy, g_logp, g_entropy, g_mu, vocab_size):
+  """Cotangent w.r.t. tempered logits z [C, Vb] (vocabulary columns `cols` [Vb]) from [C] cotangents."""
+  log_p = z - lse[:, None]
+  p = jnp.exp(log_p)
+  onehot = cols[None, :] == y[:, None]
+  # Σ of the three rules of the module docstring, grouped so the −p terms share one product.
+  coef = g_logp + g_mu
+  dz = jnp.where(onehot, g_logp[:, None], 0.0) + g_mu[:, None] / vocab_size
+  return dz - p * (coef[:, None] + g_entropy[:, None] * (log_p + entropy[:, None]))
+
+
+def hidden_logits(h, w, inv_tau):
+  return jnp.dot(h, w, preferred_element_type=jnp.float32) * inv_tau
+
+
+def vocab_blocks(vocab_size, block):
+  """(index, start column) of ceil(V / Vb) blocks; the last one is shifted back to fit inside V.
+
+  Columns of the shifted block that an earlier block already covered are "stale": they are
+  excluded (col < index * Vb), so every column is counted exactly once.
+  """
+  index = jnp.arange(-(-vocab_size // block))
+  return index, jnp.minimum(index * block, vocab_size - block)
+
+
+def block_columns(index, start, vblock):
+  """(cols [Vb], fresh [1, Vb]) of a block: its vocabulary ids and which of them are not stale."""
+  cols = start + jnp.arange(vblock)
+  return cols, (cols >= index * vblock)[None, :]
+
+
+class Online(NamedTuple):
+  """Running statistics of a row over the vocabulary blocks seen so far (each [C] float32)."""
+
+  m: jax.Array  # running max of z
+  s: jax.Array  # Σ e^{z − m}
+  a: jax.Array  # Σ e^{z − m}·(z − m)
+  z_y: jax.Array  # z of the given token
+  z_sum: jax.Array  # Σ z
+
+  @classmethod
+  def start(cls, shape):
+    zeros = jnp.zeros(shape, jnp.float32)
+    return cls(jnp.full(shape, -1e30, jnp.float32), zeros, zeros, zeros, zeros)
+
+  def fold(self, z, cols, fresh, y, want_entropy, want_mean):
+    """Folds in one [C, Vb] block of z (only its `fresh` columns)."""
+    new_m = jnp.maximum(self.m, jnp.max(jnp.where(fresh, z, -jnp.inf), axis=-1))
+    scale = jnp.exp(self.m - new_m)
+    shifted = z - new_m[:, None]
+    e = jnp.where(fresh, jnp.exp(shifted), 0.0)
+    s = self.s * scale + jnp.sum(e, axis=-1)
+    a = self.a
+    if want_entropy:  # a = Σ e·(z − m), rescaled to the new running max
+      a = scale * (a + (self.m - new_m) * self.s) + jnp.sum(e * shifted, axis=-1)
+    z_y = self.z_y + jnp.sum(jnp.where(fresh & (cols[None, :] == y[:, None]), z, 0.0), axis=-1)
+    z_sum = self.z_sum + jnp.sum(jnp.where(fresh, z, 0.0), axis=-1) if want_mean else self.z_sum
+    return Online(new_m, s, a, z_y, z_sum)
+
+  def finish(self, vocab_size, want_entropy, want_mean):
+    """(logp, lse, entropy, mu) from the statistics of the whole vocabulary."""
+    log_s = jnp.log(self.s)
+    lse = self.m + log_s
+    zeros = jnp.zeros_like(lse)
+    entropy = log_s - self.a / self.s if want_entropy else zeros
+    mu = self.z_sum / vocab_size - lse if want_mean else zeros
+    return self.z_y - lse, lse, entropy, mu
+
+
+def check_common(name, x, tokens, temperature, chunk_size):
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"{name} must be floating point, got dtype {x.dtype}")
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+  if x.shape[:-1] != tokens.shape:
+    raise ValueError(
+      f"{name} shape {x.shape} must be tokens shape {tokens.shape} plus one trailing axis"
+    )
+  check_positive_int("chunk_size", chunk_size)
+  if isinstance(temperature, int | float) and not temperature > 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def check_positive_int(name, value, allow_none=False):
+  if allow_none and value is None:
+    return
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    extra = " or None" if allow_none else ""
+    raise ValueError(f"{name} must be a positive int{extra}, got {value!r}")
+
+
+def check_unembed(hidden, unembed):
+  if unembed.ndim != 2 or unembed.shape[0] != hidden.shape[-1]:
+    raise ValueError(
+      f"unembed must be [D, V] with D = hidden.shape[-1]; got unembed {unembed.shape}, "
+      f"hidden {hidden.shape}"
+    )
+  if not jnp.issubdtype(unembed.dtype, jnp.floating):
+    raise TypeError(f"unembed must be floating point, got dtype {unembed.dtype}")
+
+
+def inv_temperature(temperature):
+  return 1.0 / jnp.asarray(temperature, jnp.float32)
+
+
+def token_tiles(hidden, tokens, vocab_size, chunk_size):
+  """(h [K, C, D], y [K, C] int32 clipped into [0, V), n): flattened tokens in K tiles of C rows.
+
+  The last tile is padded with zero rows (a uniform distribution: finite, dropped afterwards)."""
+  d = hidden.shape[-1]
+  h = hidden.reshape(-1, d)
+  y = jnp.clip(tokens.reshape(-1), 0, vocab_size - 1).astype(jnp.int32)
+  n = h.shape[0]
+  chunk = max(1, min(chunk_size, n))
+  num_tiles = -(-n // chunk)
+  pad = num_tiles * chunk - n
+  h = jnp.pad(h, ((0, pad), (0, 0))).reshape(num_tiles, chunk, d)
+  y = jnp.pad(y, (0, pad)).reshape(num_tiles, chunk)
+  return h, y, n
