@@ -11,10 +11,11 @@ import numpy as np
 import optax
 import pytest
 
-from rlvr_jax import model, sampling
+from rlvr_jax import data, model, sampling
 from rlvr_jax import sharding as S
 from rlvr_jax.train import sharded
 from rlvr_jax.train import step as step_lib
+from rlvr_jax.train.layout import Layout
 from rlvr_jax.train.state import TrainBatch, init_state
 
 CFG = model.ModelConfig.tiny(
@@ -209,6 +210,28 @@ def test_mesh_layout_hooks_single_process():
   tb, _, _ = _batch(0)
   rows = layout.place_batch(tb)
   assert rows.tokens.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+
+
+def test_default_layout_and_per_process_data_shards():
+  lay = Layout()
+  x = object()
+  assert lay.is_primary and lay.place_state(x) is x and lay.place_batch(x) is x
+  assert (
+    lay.sampling_params(x) is x and lay.gather_rollout(x) is x and lay.local_groups(5) == (0, 5)
+  )
+  src = data.PromptSource(task=data.TaskSpec(max_value=9), seed=0)
+  assert lay.shard_source(src) is src
+
+  class SecondOfTwo(Layout):  # what process 1 of 2 sees
+    process_index, process_count = 1, 2
+
+  second = SecondOfTwo()
+  assert not second.is_primary
+  mine = second.shard_source(src)
+  # The prompts a process loads are exactly the groups whose rewards it computes.
+  for n in (4, 5):
+    assert mine.span(n) == second.local_groups(n) == (n // 2, n)
+  assert [r["index"] for r in mine.take(4)] == [2, 3] and mine.state() == {"position": 4}
 
 
 def test_gathered_rewards_single_process():

@@ -62,7 +62,7 @@ def test_two_processes_match_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_host_loop_two_processes_with_resume_matches_one_process(tmp_path):
-  """The real host loop (``MeshTrainer``: sampling, reward workers on each process's own groups,
+  """The real host loop (``MeshTrainer``: each process loads and rewards its own prompts, sampling,
   advantages, 2 updates per step, held-out eval, JSONL, orbax): two processes run 1 step and stop
   (collective checkpoint), a second two-process launch resumes and runs step 2; the result equals
   one process running both steps on the same 8-device mesh."""
@@ -81,6 +81,15 @@ def test_trainer_host_loop_two_processes_with_resume_matches_one_process(tmp_pat
   assert out["info"][0]["process_count"] == 2 and out["info"][1]["process_count"] == 1
   assert out["param_max_abs_diff"] < 2e-5, out
   assert out["metric_max_abs_diff"] < 2e-5, out
+  # Per-process data loading: each process read only its half of every batch of 4 prompts (the
+  # groups it rewards), the halves are disjoint, and, concatenated in process order, they are
+  # the one-process stream (the restarted launch continues from the checkpointed position).
+  (one,) = multihost_demo.loaded_indices(str(tmp_path), "p1x8_stop0", 1)
+  assert one == list(range(8))
+  first = multihost_demo.loaded_indices(str(tmp_path), "p2x4_stop1", 2)
+  second = multihost_demo.loaded_indices(str(tmp_path), "p2x4_stop0", 2)
+  assert first == [[0, 1], [2, 3]] and second == [[4, 5], [6, 7]]
+  assert [*first[0], *first[1], *second[0], *second[1]] == one
   # Only process 0 logs into the run directory; process 1 writes its own copy elsewhere.
   assert (tmp_path / "trainer_p2x4" / "process_1" / "metrics.jsonl").exists()
   with open(tmp_path / "log_p2x4_0.txt") as f:

@@ -256,6 +256,31 @@ def trainer_config(workdir: str, steps: int, stop_after: int):
   )
 
 
+class _RecordingSource:
+  """A prompt stream that records the global indices of the records it hands out."""
+
+  def __init__(self, source):
+    self.source, self.indices = source, []
+
+  def take(self, n: int):
+    out = self.source.take(n)
+    self.indices += [r["index"] for r in out]
+    return out
+
+  def __getattr__(self, name):
+    return getattr(self.source, name)
+
+
+def loaded_indices(workdir: str, suffix: str, num_processes: int) -> list[list[int]]:
+  """Per process, the prompt indices a ``--trainer`` run (result suffix, e.g. ``p2x4_stop0``)
+  loaded from its data stream, in order."""
+  out = []
+  for i in range(num_processes):
+    with open(os.path.join(workdir, f"trainer_data_{suffix}_{i}.json")) as f:
+      out.append(json.load(f)["indices"])
+  return out
+
+
 def trainer_worker(args) -> None:
   """``train.sharded.MeshTrainer`` (the real host loop) on the global mesh; ``--stop_after`` > 0
   stops early (checkpointed), a second launch resumes from the collective checkpoint."""
@@ -274,16 +299,22 @@ def trainer_worker(args) -> None:
   workdir = os.path.join(args.workdir, f"trainer_{args.tag}")
   c = trainer_config(workdir, args.steps, args.stop_after)
   trainer = sharded.MeshTrainer(c, mesh=mesh, log=lambda s: print(s, flush=True))
+  # Instrumentation only: which prompts (global indices) this process loaded from its stream.
+  loaded = trainer.collector.source = _RecordingSource(trainer.collector.source)
   try:
     trainer.run()
     params = sharded.to_host(trainer.state.params)
   finally:
     trainer.close()
+  suffix = f"{args.tag}_stop{args.stop_after}"
+  with open(
+    os.path.join(args.workdir, f"trainer_data_{suffix}_{jax.process_index()}.json"), "w"
+  ) as f:
+    json.dump({"indices": loaded.indices, "position": trainer.source.state()["position"]}, f)
   if jax.process_index() == 0:
     flat = {
       "/".join(str(k) for k in path): v for path, v in jax.tree_util.tree_leaves_with_path(params)
     }
-    suffix = f"{args.tag}_stop{args.stop_after}"
     np.savez(os.path.join(args.workdir, f"trainer_result_{suffix}.npz"), **flat)
     with open(os.path.join(args.workdir, f"trainer_metrics_{suffix}.json"), "w") as f:
       json.dump(
