@@ -50,10 +50,11 @@ def _zero_cotangent(x):
   return np.zeros(x.shape, jax.dtypes.float0)
 
 
-def _tile_forward(h_c, w, y_c, inv_tau, want_entropy, keep_logits):
-  """Online statistics of one token tile over all vocabulary blocks.
+def tile_logits(h_c, w, y_c, inv_tau, want_entropy, keep_logits):
+  """Online statistics of one token tile over all vocabulary blocks of Vb = min(V, 8192) columns.
 
-  Returns (logp, lse, entropy) [C] and, with ``keep_logits``, the blocks z [K_v, C, Vb]."""
+  Returns (online statistics ``_logprobs_tiles.Online``, the blocks z [K_v, C, Vb] if
+  ``keep_logits`` else None); the last block is shifted back to fit (``vocab_blocks``)."""
   vblock = min(w.shape[1], VOCAB_BLOCK)
 
   def one_block(online, block):
@@ -63,9 +64,51 @@ def _tile_forward(h_c, w, y_c, inv_tau, want_entropy, keep_logits):
     return online.fold(z, cols, fresh, y_c, want_entropy, False), z if keep_logits else None
 
   blocks = tiles.vocab_blocks(w.shape[1], vblock)
-  online, zs = jax.lax.scan(one_block, tiles.Online.start(y_c.shape), blocks)
+  return jax.lax.scan(one_block, tiles.Online.start(y_c.shape), blocks)
+
+
+def _tile_forward(h_c, w, y_c, inv_tau, want_entropy, keep_logits):
+  """(logp, lse, entropy) [C] of one token tile and its kept logits blocks (or None)."""
+  online, zs = tile_logits(h_c, w, y_c, inv_tau, want_entropy, keep_logits)
   logp, lse, entropy, _ = online.finish(w.shape[1], want_entropy, False)
   return logp, lse, entropy, zs
+
+
+def min_p_proxy_from_hidden(hidden, unembed, tokens, *, min_p, temperature, chunk_size):
+  """Lp-Reg's min-p proxy log-prob (``regularizers.min_p_proxy_logp``) from hidden states, in one
+  matmul pass over [C, V] token tiles (the kept-set test needs the row maximum first, so each
+  tile's logits blocks are kept). No gradient."""
+  tiles.check_common("hidden", hidden, tokens, temperature, chunk_size)
+  tiles.check_unembed(hidden, unembed)
+  if not 0.0 < min_p <= 1.0:
+    raise ValueError(f"min_p must be in (0, 1], got {min_p}")
+  v = unembed.shape[-1]
+  h, y, n = tiles.token_tiles(jax.lax.stop_gradient(hidden), tokens, v, chunk_size)
+  w = jax.lax.stop_gradient(unembed)
+  inv_tau = tiles.inv_temperature(temperature)
+  vblock = min(v, VOCAB_BLOCK)
+  log_kappa = jnp.log(jnp.float32(min_p))
+
+  def one_tile(args):
+    h_c, y_c = args
+    online, zs = tile_logits(h_c, w, y_c, inv_tau, False, True)
+    floor = online.m + log_kappa  # kept: z >= max z + log kappa
+
+    def kept_sum(total, xs):
+      (index, start), z = xs
+      _, fresh = tiles.block_columns(index, start, vblock)
+      keep = fresh & (z >= floor[:, None])
+      return total + jnp.sum(jnp.where(keep, jnp.exp(z - online.m[:, None]), 0.0), axis=-1), None
+
+    blocks = tiles.vocab_blocks(v, vblock)
+    s_keep, _ = jax.lax.scan(kept_sum, jnp.zeros_like(online.m), (blocks, zs))
+    lse_keep = online.m + jnp.log(s_keep)
+    lse = online.m + jnp.log(online.s)
+    # Filtered tokens: the reference sets their log-prob to -1e4 before renormalising.
+    return jnp.where(online.z_y >= floor, online.z_y - lse_keep, -1e4 - (lse_keep - lse))
+
+  proxy = jax.lax.map(one_tile, (h, y))
+  return proxy.reshape(-1)[:n].reshape(tokens.shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))

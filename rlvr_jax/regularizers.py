@@ -256,8 +256,8 @@ def min_p_proxy_logp(logits: jax.Array, tokens: jax.Array, *, min_p: float = 0.0
     pi~(v) = pi_old(v) 1[pi_old(v) >= kappa max_u pi_old(u)] / Z,   filtered logits -> -1e4.
 
   Args:
-    logits: [B, T, V] old-policy logits at temperature 1 (small V; fuse into the chunked log-prob
-      pass for real vocabularies). tokens: [B, T] int.
+    logits: [B, T, V] old-policy logits at temperature 1 (for real vocabularies use
+      ``min_p_proxy_logp_from_hidden``, which never builds [B, T, V]). tokens: [B, T] int.
 
   Returns:
     [B, T] float32 (about -1e4 for filtered tokens, which can never be selected).
@@ -270,6 +270,38 @@ def min_p_proxy_logp(logits: jax.Array, tokens: jax.Array, *, min_p: float = 0.0
   keep = logp >= jnp.max(logp, axis=-1, keepdims=True) + jnp.log(min_p)
   proxy = jax.nn.log_softmax(jnp.where(keep, logp, -1e4), axis=-1)
   return sg(jnp.take_along_axis(proxy, tokens[..., None], axis=-1)[..., 0])
+
+
+def min_p_proxy_logp_from_hidden(
+  hidden: jax.Array,
+  unembed: jax.Array,
+  tokens: jax.Array,
+  *,
+  min_p: float = 0.02,
+  temperature: float = 1.0,
+  chunk_size: int = 256,
+) -> jax.Array:
+  """``min_p_proxy_logp`` of logits = hidden @ unembed / temperature, chunked over tokens.
+
+  With z the logits of one position, m = max_v z_v and K = {v : z_v >= m + log kappa} (the min-p
+  kept set, kappa = ``min_p``): log pi~(y) = z_y - log sum_{v in K} e^{z_v} for y in K, and
+  -1e4 - (log sum_{v in K} e^{z_v} - logsumexp(z)) otherwise (as the reference). One matmul pass over
+  tiles of ``chunk_size`` tokens x the whole vocabulary (kept as float32 blocks: chunk_size x V x 4
+  bytes); never [B, T, V].
+
+  Args:
+    hidden: [B, T, D] old-policy final hidden states. unembed: [D, V]. tokens: [B, T] int.
+
+  Returns:
+    [B, T] float32, a constant (no gradient).
+  """
+  from rlvr_jax._logprobs_fused import min_p_proxy_from_hidden
+
+  return sg(
+    min_p_proxy_from_hidden(
+      hidden, unembed, tokens, min_p=min_p, temperature=temperature, chunk_size=chunk_size
+    )
+  )
 
 
 def lp_reg_threshold(

@@ -202,6 +202,31 @@ def test_min_p_proxy_golden():
   np.testing.assert_allclose(proxy[0], [0.606061, 0.252525, 0.101010, 0.040404, 0.0], atol=1e-6)
 
 
+def test_min_p_proxy_from_hidden_matches_the_logits_form():
+  """One matmul pass over token tiles x vocabulary blocks (V = 20,000 > the 8192-column block, so
+  the last block is shifted back) == the [B, T, V] reference; the golden row above through it."""
+  rng = np.random.default_rng(0)
+  hidden = jnp.asarray(rng.normal(size=(3, 7, 8)), jnp.float32)
+  unembed = jnp.asarray(rng.normal(size=(8, 20_000)), jnp.float32)
+  logits = jnp.einsum("btd,dv->btv", hidden, unembed)
+  tokens = jnp.asarray(rng.integers(0, 20_000, (3, 7)))
+  tokens = tokens.at[0].set(jnp.argsort(logits[0], -1)[:, -2])  # row 0: kept (second best)
+  want = reg.min_p_proxy_logp(logits, tokens, min_p=0.02)
+  got = reg.min_p_proxy_logp_from_hidden(hidden, unembed, tokens, min_p=0.02, chunk_size=4)
+  assert np.all(np.asarray(want[0]) > -100) and np.all(np.asarray(want[1:]) < -9000)
+  np.testing.assert_allclose(got[0], want[0], atol=2e-5)
+  np.testing.assert_allclose(got[1:], want[1:], rtol=1e-6)
+  # Golden: the 5-token distribution above, as logits = hidden @ unembed with D = 5, W = I.
+  probs = np.array([0.60, 0.25, 0.10, 0.04, 0.01])
+  hid = jnp.asarray(np.log(probs)[None, None].repeat(5, 1), jnp.float32)
+  proxy = reg.min_p_proxy_logp_from_hidden(hid, jnp.eye(5), jnp.arange(5)[None], min_p=0.02)
+  np.testing.assert_allclose(
+    np.exp(np.asarray(proxy[0])), [0.606061, 0.252525, 0.101010, 0.040404, 0.0], atol=1e-6
+  )
+  with pytest.raises(ValueError, match="min_p must be in"):
+    reg.min_p_proxy_logp_from_hidden(hidden, unembed, tokens, min_p=0.0)
+
+
 def test_lp_reg_penalty_golden_and_grad():
   logp, proxy = jnp.log(jnp.array([[0.01]])), jnp.log(jnp.array([[0.05]]))
   fn = lambda x: reg.lp_reg_penalty(x, proxy)
