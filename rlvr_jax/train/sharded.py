@@ -265,10 +265,10 @@ class _GatheredRewards:
     token = None if r.token_rewards is None else gather(r.token_rewards)
     failures = [dataclasses.replace(f, index=f.index + self.offset) for f in r.failures]
     metrics = reduce_metrics(r.metrics, weight=float(len(r.rewards)))
+    rewards = gather(r.rewards)
     return dataclasses.replace(
-      r, rewards=gather(r.rewards), info=info, token_rewards=token, failures=failures,
-      metrics=metrics,
-    )  # fmt: skip
+      r, rewards=rewards, info=info, token_rewards=token, failures=failures, metrics=metrics
+    )
 
 
 class MeshLayout(Layout):
@@ -308,6 +308,10 @@ class MeshLayout(Layout):
       raise RuntimeError("MeshLayout.setup(state, ...) must be called before placing anything")
     return self.state_shardings
 
+  def _sample_shardings(self):
+    self._shardings()  # raises before setup
+    return self.sample_shardings
+
   def place_state(self, state):
     with jax.set_mesh(self.mesh):
       return place(state, self._shardings())
@@ -321,8 +325,7 @@ class MeshLayout(Layout):
   def sampling_params(self, params):
     if params is None:
       return None
-    self._shardings()
-    return sharding_lib.reshard(params, self.sample_shardings)
+    return sharding_lib.reshard(params, self._sample_shardings())
 
   def _counts(self, num: int) -> list[int]:
     spans = [shard_span(num, i, self.process_count) for i in range(self.process_count)]
