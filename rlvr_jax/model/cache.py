@@ -14,7 +14,10 @@ class KVCache:
   """Keys, values and positions of every filled slot, for all layers.
 
   Attributes:
-    k, v: [L, B, S_max, K, H] keys (after RoPE) and values, in the compute dtype.
+    k, v: [L, B, K, S_max, H] keys (after RoPE) and values, in the compute dtype. Head-major
+      (slots inside each kv head) so that a decode step's attention reads each head's
+      [S_max, H] block in place; a slot-major [L, B, S_max, K, H] layout made XLA transpose the
+      whole cache of every layer at every decode step.
     positions: [B, S_max] int32 position of the token stored in each slot; -1 marks an empty slot
       (never written, or written by a padding token).
     index: int32 scalar, the next slot to write (shared by all rows).
@@ -27,7 +30,7 @@ class KVCache:
 
   @property
   def max_len(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
   @property
   def batch_size(self) -> int:
@@ -39,7 +42,7 @@ def init_cache(
 ) -> KVCache:
   """An empty cache: zeros for k/v, all positions -1, index 0."""
   dtype = jnp.dtype(config.dtype if dtype is None else dtype)
-  shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+  shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
   return KVCache(
     k=jnp.zeros(shape, dtype),
     v=jnp.zeros(shape, dtype),
@@ -50,7 +53,7 @@ def init_cache(
 
 def cache_logical_axes() -> KVCache:
   """Logical axes of each cache field (for ``rlvr_jax.sharding`` rules)."""
-  kv = ("layers", "batch", "seq", "kv_heads", "head_dim")
+  kv = ("layers", "batch", "kv_heads", "seq", "head_dim")
   return KVCache(k=kv, v=kv, positions=("batch", "seq"), index=())
 
 

@@ -110,11 +110,14 @@ def _run_layers(params, x, cos, sin, mask, config: ModelConfig, cache, collect: 
     lp, li = inputs
     q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
     zero = jnp.zeros((), jnp.int32)
-    ck = jax.lax.dynamic_update_slice(ck, k[None], (li, zero, index, zero, zero))
-    cv = jax.lax.dynamic_update_slice(cv, v[None], (li, zero, index, zero, zero))
+    # The cache is head-major [L, B, K, S_max, H]: the S new entries [B, S, K, H] are transposed
+    # (small), the cache itself never is.
+    k, v = (jnp.swapaxes(a, 1, 2)[None] for a in (k, v))
+    ck = jax.lax.dynamic_update_slice(ck, k, (li, zero, zero, index, zero))
+    cv = jax.lax.dynamic_update_slice(cv, v, (li, zero, zero, index, zero))
     k_all = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)
     v_all = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)
-    attn = L.attention(q, k_all, v_all, mask, num_kv_heads=K)
+    attn = L.attention(q, k_all, v_all, mask, num_kv_heads=K, kv_head_major=True)
     return (_block_tail(lp, x, attn, config), ck, cv), (x if collect else None)
 
   if config.remat:

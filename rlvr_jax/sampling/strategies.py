@@ -37,6 +37,42 @@ import jax.numpy as jnp
 NEG = float(jnp.finfo(jnp.float32).min)
 
 
+def argmax(x: jax.Array) -> jax.Array:
+  """First index of the maximum along the last axis: [..., V] -> [...] int32 (= ``jnp.argmax``,
+  including its NaN rule: the first NaN wins).
+
+  Two plain reductions (max, then the smallest index equal to it) instead of ``jnp.argmax``'s one
+  variadic (value, index) reduction, which XLA:CPU does not vectorise: 6-7x faster on [64, 512]
+  and [64, 49152] float32, and greedy decoding runs it every step.
+  """
+  V = x.shape[-1]
+  best = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == best) | jnp.isnan(x)  # max() propagates NaN: then the first NaN is the argmax
+  return jnp.min(jnp.where(hit, jnp.arange(V, dtype=jnp.int32), V), axis=-1)
+
+
+def inverse_cdf_sample(key: jax.Array, logp: jax.Array) -> jax.Array:
+  """Draws v ~ p = exp(logp) by inversion: the first v with p_v > 0 and cumsum(p)_v > u * sum(p),
+  u ~ U[0, 1) from ``key``. key [...] (typed), logp [..., V] -> [...] int32.
+
+  One uniform per row instead of the V Gumbel variates of ``jax.random.categorical``: on this CPU
+  that was 0.65 ms vs 0.13 ms for [64, 512] and 194 ms vs 10 ms for [64, 49152] (SmolLM2's V)
+  per decode step. Float32 rounding of the cumulative sum biases tokens of probability below
+  ~1e-7 (as ``categorical``'s default low-precision Gumbel noise does); a token outside the
+  support (p = 0: truncated, or underflowed) is never returned.
+  """
+  V = logp.shape[-1]
+  p = jnp.exp(logp.astype(jnp.float32))
+  cdf = jnp.cumsum(p, axis=-1)
+  u = jax.random.uniform(key, logp.shape[:-1], jnp.float32) * cdf[..., -1]
+  ids = jnp.arange(V, dtype=jnp.int32)
+  support = p > 0
+  first = jnp.min(jnp.where(support & (cdf > u[..., None]), ids, V), axis=-1)
+  # Rounding can leave u at or above the last cumulative value: then take the last kept token.
+  last = jnp.max(jnp.where(support, ids, 0), axis=-1)
+  return jnp.where(first < V, first, last)
+
+
 def _check_logits(logits: jax.Array) -> jax.Array:
   if logits.ndim < 1:
     raise ValueError(f"logits must have a vocabulary axis [..., V], got shape {logits.shape}")
@@ -63,6 +99,8 @@ def top_k_threshold(z: jax.Array, k: int) -> jax.Array:
   """
   if k >= z.shape[-1]:
     return jnp.full(z.shape[:-1], NEG, jnp.float32)
+  if k == 1:  # greedy: two plain max reductions, cheaper than lax.top_k on CPU
+    return _greedy_parts(z)[1]
   top = jax.lax.top_k(z, k + 1)[0]
   return _midpoint(top, jnp.full(z.shape[:-1], k, jnp.int32))
 
@@ -84,6 +122,14 @@ def top_p_threshold(z: jax.Array, p: float) -> jax.Array:
 def min_p_threshold(z: jax.Array, min_p: float) -> jax.Array:
   """min-p keeps p(v) >= min_p * max_v p(v), i.e. z_v >= max(z) + log(min_p); returns [...]."""
   return jnp.max(z, axis=-1) + math.log(min_p)
+
+
+def _greedy_parts(z: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(argmax [...] int32, midpoint between the largest and second largest of ``z [..., V]``)."""
+  best = argmax(z)
+  first = jnp.take_along_axis(z, best[..., None], axis=-1)[..., 0]
+  others = jnp.where(jnp.arange(z.shape[-1]) == best[..., None], NEG, z)
+  return best, 0.5 * first + 0.5 * jnp.max(others, axis=-1)
 
 
 def truncate(z: jax.Array, threshold: jax.Array) -> jax.Array:
@@ -123,9 +169,20 @@ class Combined:
     """Whether the sampled distribution can differ from softmax(logits / temperature)."""
     return self.top_k is not None or self.top_p is not None or self.min_p is not None
 
-  def log_probs(self, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """logits [..., V] -> (log of the sampled distribution [..., V] f32, threshold [...] f32)."""
-    z = _check_logits(logits) / self.temperature
+  def log_probs(
+    self, logits: jax.Array, temperature: jax.Array | None = None
+  ) -> tuple[jax.Array, jax.Array]:
+    """logits [..., V] -> (log of the sampled distribution [..., V] f32, threshold [...] f32).
+
+    ``temperature``: optional [...] array (> 0) replacing ``self.temperature`` per row.
+    """
+    logits = _check_logits(logits)
+    if temperature is None:
+      z = logits / self.temperature
+    else:
+      if temperature.shape != logits.shape[:-1]:
+        raise ValueError(f"temperature {temperature.shape} must be logits {logits.shape} minus V")
+      z = logits / temperature.astype(jnp.float32)[..., None]
     threshold = jnp.full(z.shape[:-1], NEG, jnp.float32)
     if self.top_k is not None:
       threshold = jnp.maximum(threshold, top_k_threshold(z, self.top_k))
@@ -138,7 +195,7 @@ class Combined:
 
   def sample(self, key: jax.Array, logp: jax.Array) -> jax.Array:
     """One token per row: key [] (one per row, vmap over rows), logp [V] -> token [] int32."""
-    return jax.random.categorical(key, logp).astype(jnp.int32)
+    return inverse_cdf_sample(key, logp)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -186,12 +243,12 @@ class Greedy:
 
   def log_probs(self, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     z = _check_logits(logits)
-    best = jax.nn.one_hot(jnp.argmax(z, axis=-1), z.shape[-1], dtype=jnp.bool_)
-    return jnp.where(best, 0.0, NEG), top_k_threshold(z, 1)
+    best, threshold = _greedy_parts(z)
+    return jnp.where(jnp.arange(z.shape[-1]) == best[..., None], 0.0, NEG), threshold
 
   def sample(self, key: jax.Array, logp: jax.Array) -> jax.Array:
     del key
-    return jnp.argmax(logp, axis=-1).astype(jnp.int32)
+    return argmax(logp)
 
 
 Strategy = Combined | Greedy
