@@ -70,10 +70,9 @@ def sequence_inputs(prompt_tokens, prompt_mask, completion_tokens):
   return tokens, positions
 
 
-def completion_logprobs(
-  params, tokens, positions, *, num_completion: int, model_config, temperature, chunk_size
-):
-  """logp [B, T] and entropy [B, T] (float32) of the last T tokens of ``tokens`` [B, S]."""
+def completion_hidden(params, tokens, positions, *, num_completion: int, model_config):
+  """(hidden [B, T, D], unembed [D, V], targets [B, T]) for the last T tokens of ``tokens`` [B, S]:
+  the final hidden states that predict them and the unembedding matrix."""
   s = tokens.shape[1]
   if not 0 < num_completion < s:
     raise ValueError(
@@ -82,13 +81,18 @@ def completion_logprobs(
   hidden, _ = model.forward(params, tokens, positions, config=model_config)
   # The hidden state at index i predicts token i + 1.
   h = hidden[:, s - num_completion - 1 : s - 1]
+  return h, model.unembed_matrix(params, model_config), tokens[:, s - num_completion :]
+
+
+def completion_logprobs(
+  params, tokens, positions, *, num_completion: int, model_config, temperature, chunk_size
+):
+  """logp [B, T] and entropy [B, T] (float32) of the last T tokens of ``tokens`` [B, S]."""
+  h, unembed, targets = completion_hidden(
+    params, tokens, positions, num_completion=num_completion, model_config=model_config
+  )
   return logprobs.token_logprobs_from_hidden(
-    h,
-    model.unembed_matrix(params, model_config),
-    tokens[:, s - num_completion :],
-    temperature=temperature,
-    chunk_size=chunk_size,
-    compute_entropy=True,
+    h, unembed, targets, temperature=temperature, chunk_size=chunk_size, compute_entropy=True
   )
 
 
@@ -121,6 +125,7 @@ def make_train_step(
   temperature: float = 1.0,
   chunk_size: int = 128,
   on_policy: bool = False,
+  fused_loss: bool | str = "auto",
 ):
   """Builds ``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``.
 
@@ -134,6 +139,10 @@ def make_train_step(
     chunk_size: T-chunk of the log-prob computation.
     on_policy: the step batch is the only update on its rollout batch, so old_logp is
       sg(current logp) and ``batch.old_logp`` is ignored (saves a forward pass).
+    fused_loss: fuse the objective into the log-prob sweep
+      (``logprobs.fused_objective_from_hidden``: three matmul passes over the unembedding instead
+      of four). 'auto' (default): when the objective is token-local (``losses.is_token_local``);
+      True: require it (ValueError otherwise); False: never.
   The returned function is jitted with ``state`` donated. ``key`` is a typed PRNG key (Clip-Cov
   draws its per-token noise from it). Objectives with step-scope statistics (``STEP_STAT_OBJECTIVES``
   at ``scope='step'``) get them from a no-grad pre-pass over the whole step batch
@@ -147,6 +156,15 @@ def make_train_step(
   wants_noise = "noise" in signature
   needs_stats = objective in STEP_STAT_OBJECTIVES and kwargs.get("scope", "step") == "step"
   needs_stats = needs_stats or objective == "siren"  # SIREN always needs the step's H_sel
+  token_local = losses.is_token_local(objective, kwargs)
+  if fused_loss is True and not token_local:
+    raise ValueError(
+      f"fused_loss=True needs a token-local objective (losses.is_token_local); {objective!r} "
+      f"with {sorted(kwargs)} is not (sequence-level ratio, OPSM or scope='micro')"
+    )
+  if fused_loss not in (True, False, "auto"):
+    raise ValueError(f"fused_loss must be True, False or 'auto', got {fused_loss!r}")
+  fused = token_local and fused_loss in (True, "auto")
 
   def score(params, mb: TrainBatch):
     """(logp, entropy) [B, T] of the micro-batch's completion tokens under ``params``."""
@@ -160,24 +178,51 @@ def make_train_step(
       chunk_size=chunk_size,
     )
 
-  def loss_fn(params, mb: TrainBatch, num_tokens, num_seqs, stats):
-    logp, entropy = score(params, mb)
-    # On-policy: the proximal policy is the current one, as a constant.
-    old_logp = jax.lax.stop_gradient(logp) if on_policy else mb.old_logp
+  def objective_of(mb: TrainBatch, num_tokens, num_seqs, stats):
+    """(logp, entropy) -> (loss, metrics) of the micro-batch."""
     extra = {**mb.extras, **stats}
-    loss, metrics = objective_fn(
-      logp,
-      old_logp,
-      mb.advantages,
-      mb.completion_mask,
-      num_tokens=num_tokens,
-      num_seqs=num_seqs,
-      ref_logp=mb.ref_logp,
-      sampler_logp=mb.sampler_logp,
-      entropy=entropy,
-      **extra,
-      **kwargs,
-    )
+
+    def run(logp, entropy):
+      # On-policy: the proximal policy is the current one, as a constant.
+      old_logp = jax.lax.stop_gradient(logp) if on_policy else mb.old_logp
+      return objective_fn(
+        logp,
+        old_logp,
+        mb.advantages,
+        mb.completion_mask,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        ref_logp=mb.ref_logp,
+        sampler_logp=mb.sampler_logp,
+        entropy=entropy,
+        **extra,
+        **kwargs,
+      )
+
+    return run
+
+  def loss_fn(params, mb: TrainBatch, num_tokens, num_seqs, stats):
+    run = objective_of(mb, num_tokens, num_seqs, stats)
+    if fused:
+      h, unembed, targets = completion_hidden(
+        params,
+        mb.tokens,
+        mb.positions,
+        num_completion=mb.completion_mask.shape[1],
+        model_config=model_config,
+      )
+      loss, logp, entropy = logprobs.fused_objective_from_hidden(
+        h,
+        unembed,
+        targets,
+        lambda lp, ent: run(lp, ent)[0],
+        temperature=temperature,
+        logp_fill=mb.sampler_logp,
+      )
+      _, metrics = run(logp, entropy)  # on the constants: metrics only
+    else:
+      logp, entropy = score(params, mb)
+      loss, metrics = run(logp, entropy)
     m = mb.completion_mask
     gap = jnp.abs(jax.lax.stop_gradient(logp) - mb.sampler_logp)
     metrics = dict(metrics)
