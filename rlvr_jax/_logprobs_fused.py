@@ -12,7 +12,7 @@ kept: C x V float32 per tile), their logp / H (online logsumexp), the objective'
 (g_logp, g_H) for those tokens, then walks the kept blocks again for dz (rules in `logprobs`),
 dh += dz W_bᵀ and dW_b += hᵀ dz. The backward pass only scales the stored gradients by the loss
 cotangent: three matmul passes, the count of a logits-materialising implementation, with one
-[C, V] float32 tile alive (156 MB at C = 256, V = 151,936) instead of [N, V]. This is the
+[C, V] float32 tile alive (78 MB at C = 128, V = 151,936) instead of [N, V]. This is the
 "gradient in the forward pass" scheme of fused linear cross-entropy kernels (Liger-Kernel,
 arXiv 2410.10989), opened up to any token-local objective: PPO-clip / GRPO / DAPO / Dr.GRPO / CISPO /
 GPPO / SAPO surrogates, every aggregation mode (the normalisers are constants of the step batch),
@@ -39,7 +39,7 @@ import numpy as np
 
 from rlvr_jax import _logprobs_tiles as tiles
 
-DEFAULT_FUSED_CHUNK_SIZE = 256
+DEFAULT_FUSED_CHUNK_SIZE = 128
 VOCAB_BLOCK = 8192
 
 

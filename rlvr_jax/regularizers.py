@@ -279,7 +279,7 @@ def min_p_proxy_logp_from_hidden(
   *,
   min_p: float = 0.02,
   temperature: float = 1.0,
-  chunk_size: int = 256,
+  chunk_size: int = 128,
 ) -> jax.Array:
   """``min_p_proxy_logp`` of logits = hidden @ unembed / temperature, chunked over tokens.
 
