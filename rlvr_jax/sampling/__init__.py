@@ -2,7 +2,8 @@
 
 Public API:
   Greedy, Temperature, TopK, TopP, MinP, Combined, Strategy, truncated_token_logprobs
-  prefill, decode_step, generate, pad_to_bucket, bucket_length, DEFAULT_BUCKETS
+  per_row_log_probs, temperature_scale (per-row temperatures; 0 = greedy row)
+  prefill, decode_step, generate, row_temperatures, pad_to_bucket, bucket_length, DEFAULT_BUCKETS
   step_key, row_keys, position_keys
   recompute_logprobs, logprob_parity, truncated_logprobs_from_hidden
 """
@@ -20,6 +21,7 @@ from rlvr_jax.sampling.sampler import (
   generate,
   pad_to_bucket,
   prefill,
+  row_temperatures,
 )
 from rlvr_jax.sampling.strategies import (
   Combined,
@@ -29,6 +31,8 @@ from rlvr_jax.sampling.strategies import (
   Temperature,
   TopK,
   TopP,
+  per_row_log_probs,
+  temperature_scale,
   truncated_token_logprobs,
 )
 
@@ -46,11 +50,14 @@ __all__ = [
   "generate",
   "logprob_parity",
   "pad_to_bucket",
+  "per_row_log_probs",
   "position_keys",
   "prefill",
   "recompute_logprobs",
   "row_keys",
+  "row_temperatures",
   "step_key",
+  "temperature_scale",
   "truncated_logprobs_from_hidden",
   "truncated_token_logprobs",
 ]

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from rlvr_jax.model import ModelConfig, forward, unembed_matrix
 from rlvr_jax.sampling.sampler import prompt_positions
-from rlvr_jax.sampling.strategies import Strategy, truncated_token_logprobs
+from rlvr_jax.sampling.strategies import Strategy, temperature_scale, truncated_token_logprobs
 from rlvr_jax.types import Rollout
 
 try:  # the objective library's chunked log-probs (preferred when present)
@@ -41,7 +41,8 @@ def truncated_logprobs_from_hidden(
   Args:
     hidden: [B, T, D] final hidden states predicting ``tokens``; unembed: [D, V].
     tokens: [B, T] ids; threshold: [B, T] float32 (``Rollout.sampler_threshold``) or None.
-    temperature: the strategy's temperature tau; chunk_size: tokens per chunk along T.
+    temperature: the strategy's temperature tau, or [B] per-row scales (``temperature_scale``);
+      chunk_size: tokens per chunk along T.
   Returns:
     [B, T] float32 log-probs.
   """
@@ -52,6 +53,11 @@ def truncated_logprobs_from_hidden(
     )
   if threshold is None:
     threshold = jnp.full((B, T), jnp.finfo(jnp.float32).min, jnp.float32)
+  tau = jnp.asarray(temperature, jnp.float32)
+  if tau.ndim:
+    if tau.shape != (B,):
+      raise ValueError(f"temperature {tau.shape} must be a scalar or per-row [B] = ({B},)")
+    tau = tau[:, None]  # broadcasts over each chunk's tokens [B, c]
   c = max(1, min(chunk_size, T))
   pad = (-T) % c
   padded = [
@@ -65,7 +71,7 @@ def truncated_logprobs_from_hidden(
     logits = jnp.einsum(
       "bcd,dv->bcv", h, unembed.astype(h.dtype), preferred_element_type=jnp.float32
     )
-    return truncated_token_logprobs(logits, y, thr, temperature=temperature)
+    return truncated_token_logprobs(logits, y, thr, temperature=tau)
 
   out = jax.lax.map(one_chunk, tuple(split(a) for a in padded))  # [T/c, B, c]
   return jnp.moveaxis(out, 0, 1).reshape(B, T + pad)[:, :T]
@@ -90,13 +96,21 @@ def completion_hidden(params, rollout: Rollout, *, config: ModelConfig) -> jax.A
 
 @functools.partial(jax.jit, static_argnames=("config", "strategy", "chunk_size"))
 def recompute_logprobs(
-  params, rollout: Rollout, *, config: ModelConfig, strategy: Strategy, chunk_size: int = 128
+  params,
+  rollout: Rollout,
+  *,
+  config: ModelConfig,
+  strategy: Strategy,
+  temperatures: jax.Array | None = None,
+  chunk_size: int = 128,
 ) -> tuple[jax.Array, jax.Array]:
   """Trainer-side log-probs of a Rollout's tokens: (sampler-distribution logp, model logp).
 
   The first is under the strategy's distribution (temperature tau, and the sampler's truncation
   re-applied from ``rollout.sampler_threshold``); the second under softmax(logits) (tau = 1).
   Both [B, T] float32 (zeros are not forced on masked tokens: use ``completion_mask``).
+  ``temperatures``: the per-row [B] temperatures the rollout was sampled with (0 = greedy row;
+  ``sampler.row_temperatures``), if any.
   """
   hidden = completion_hidden(params, rollout, config=config)
   unembed = unembed_matrix(params, config)
@@ -113,7 +127,18 @@ def recompute_logprobs(
     )
 
   model_logp = untruncated(1.0)
-  if strategy.truncates:
+  if temperatures is not None:
+    if rollout.sampler_threshold is None:
+      raise ValueError("per-row temperatures need the rollout's sampler_threshold")
+    sampler_logp = truncated_logprobs_from_hidden(
+      hidden,
+      unembed,
+      tokens,
+      rollout.sampler_threshold,
+      temperature=temperature_scale(temperatures),
+      chunk_size=chunk_size,
+    )
+  elif strategy.truncates:
     if rollout.sampler_threshold is None:
       raise ValueError(f"{strategy} truncates but the rollout has no sampler_threshold")
     sampler_logp = truncated_logprobs_from_hidden(
@@ -130,17 +155,28 @@ def recompute_logprobs(
 
 
 def logprob_parity(
-  params, rollout: Rollout, *, config: ModelConfig, strategy: Strategy, chunk_size: int = 128
+  params,
+  rollout: Rollout,
+  *,
+  config: ModelConfig,
+  strategy: Strategy,
+  temperatures: jax.Array | None = None,
+  chunk_size: int = 128,
 ) -> dict[str, jax.Array]:
   """Max and mean |recomputed - sampler| log-prob gaps over completion tokens (float32 scalars).
 
   Keys: ``sampler_logp_gap/max``, ``sampler_logp_gap/mean`` (vs ``rollout.sampler_logp``, the
   distribution sampled from) and ``model_logp_gap/max``, ``model_logp_gap/mean`` (vs
   ``rollout.model_logp``, tau = 1). One forward pass over the rollout (same cost as the trainer's
-  old-log-prob recompute).
+  old-log-prob recompute). ``temperatures``: as in ``recompute_logprobs``.
   """
   sampler_logp, model_logp = recompute_logprobs(
-    params, rollout, config=config, strategy=strategy, chunk_size=chunk_size
+    params,
+    rollout,
+    config=config,
+    strategy=strategy,
+    temperatures=temperatures,
+    chunk_size=chunk_size,
   )
   mask = rollout.completion_mask
   count = jnp.maximum(jnp.sum(mask), 1)  # empty batch: gaps are 0, not NaN

@@ -30,7 +30,7 @@ import numpy as np
 from rlvr_jax import sharding as sharding_lib
 from rlvr_jax.model import KVCache, ModelConfig, forward, init_cache, logits_from_hidden
 from rlvr_jax.sampling import keys as keys_lib
-from rlvr_jax.sampling.strategies import Strategy
+from rlvr_jax.sampling.strategies import Greedy, Strategy, per_row_log_probs
 from rlvr_jax.types import Rollout
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -113,12 +113,20 @@ def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfi
   return _decode(params, cache, tokens, positions, config=config)
 
 
-def _sample(strategy: Strategy, logits, row_keys, t):
-  """Samples token t of every row; returns (tokens, sampler_logp, model_logp, threshold), all [B]."""
-  logp, threshold = strategy.log_probs(logits)
+def _sample(strategy: Strategy, logits, row_keys, t, temperatures=None):
+  """Samples token t of every row; returns (tokens, sampler_logp, model_logp, threshold), all [B].
+
+  ``temperatures`` [B] (optional) replaces the strategy's temperature per row; 0 = greedy row.
+  """
+  if temperatures is None:
+    logp, threshold = strategy.log_probs(logits)
+  else:
+    logp, threshold = per_row_log_probs(strategy, logits, temperatures)
+  # Greedy rows of a mixed batch have a point-mass logp: sampling it returns the argmax.
   tokens = jax.vmap(strategy.sample)(keys_lib.position_keys(row_keys, t), logp)
   pick = lambda a: jnp.take_along_axis(a, tokens[:, None], axis=-1)[:, 0]
-  model_logp = pick(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+  logits = logits.astype(jnp.float32)
+  model_logp = pick(logits) - jax.nn.logsumexp(logits, axis=-1)
   return tokens, pick(logp), model_logp, threshold
 
 
@@ -129,6 +137,7 @@ def _generate(
   prompt_ids,
   key,
   stop_tokens,
+  temperatures=None,
   *,
   config: ModelConfig,
   strategy: Strategy,
@@ -137,7 +146,7 @@ def _generate(
   pad_id: int,
 ) -> Rollout:
   """The jitted body of ``generate``: prompts [P, S] (bucketed), prompt_ids [P], typed key [],
-  stop_tokens [n_stop] (-1 = unused slot) -> Rollout of B = P * G rows."""
+  stop_tokens [n_stop] (-1 = unused slot), temperatures [B] or None -> Rollout of B = P * G rows."""
   P, S = prompt_tokens.shape
   if prompt_mask.shape != (P, S) or prompt_ids.shape != (P,) or stop_tokens.ndim != 1:
     raise ValueError(
@@ -146,6 +155,10 @@ def _generate(
     )
   G, T = num_samples, max_new_tokens
   B = P * G
+  if temperatures is not None:
+    if temperatures.shape != (B,):
+      raise ValueError(f"temperatures {temperatures.shape} must be [B] = ({B},)")
+    temperatures = _constrain_rows(temperatures.astype(jnp.float32))
   tokens0 = _constrain_rows(jnp.repeat(prompt_tokens, G, axis=0))
   mask0 = _constrain_rows(jnp.repeat(prompt_mask, G, axis=0))
   row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
@@ -156,7 +169,7 @@ def _generate(
 
   def record(state, t, logits):
     buf, done = state["buf"], state["done"]
-    tok, smp_logp, mdl_logp, thr = _sample(strategy, logits, row_keys, t)
+    tok, smp_logp, mdl_logp, thr = _sample(strategy, logits, row_keys, t, temperatures)
     alive = ~done
     columns = {
       "tokens": jnp.where(alive, tok, pad_id),
@@ -191,6 +204,7 @@ def _generate(
 
   state = jax.lax.while_loop(cond, body, state)
   buf, done = state["buf"], state["done"]
+  mixed = temperatures is not None  # greedy rows truncate
   return Rollout(
     prompt_tokens=tokens0,
     prompt_mask=mask0,
@@ -203,7 +217,7 @@ def _generate(
     truncated=~done,
     prompt_ids=row_prompt_ids,
     sample_ids=sample_ids,
-    sampler_threshold=buf["threshold"] if strategy.truncates else None,
+    sampler_threshold=buf["threshold"] if strategy.truncates or mixed else None,
   )
 
 
@@ -247,6 +261,22 @@ def pad_to_bucket(
   return out_tokens, out_mask
 
 
+def row_temperatures(temperatures, *, num_prompts: int, num_samples: int) -> np.ndarray:
+  """Per-row temperatures [B = P * G] float32 (rows group ordered) from [G] or [B] values >= 0.
+
+  [G] is one temperature per sample index, repeated for every prompt.
+  """
+  t = np.asarray(temperatures, np.float32)
+  P, G = num_prompts, num_samples
+  if t.shape == (G,):
+    t = np.tile(t, P)
+  if t.shape != (P * G,):
+    raise ValueError(f"temperatures {t.shape} must be [G] = ({G},) or [B] = ({P * G},)")
+  if not np.isfinite(t).all() or (t < 0).any():
+    raise ValueError(f"temperatures must be finite and >= 0 (0 = greedy), got {t.tolist()}")
+  return t
+
+
 def generate(
   params,
   prompt_tokens,
@@ -261,6 +291,7 @@ def generate(
   prompt_ids=None,
   pad_id: int | None = None,
   buckets: Sequence[int] = DEFAULT_BUCKETS,
+  temperatures=None,
 ) -> Rollout:
   """Samples ``num_samples`` completions for each prompt.
 
@@ -278,6 +309,12 @@ def generate(
       (e.g. dataset indices) to make a prompt's samples independent of the batch it is in.
     pad_id: id written after the end (default ``config.pad_token_id``, else 0).
     buckets: allowed padded prompt lengths; one compiled program per (bucket, P, G, T, strategy).
+    temperatures: optional per-row temperatures replacing ``strategy.temperature`` (its top-k /
+      top-p / min-p still apply, on logits / tau_b); 0 makes a row greedy. Shape [G] (one per
+      sample index, the same for every prompt) or [B]; see ``row_temperatures``. E.g. ReMax's
+      greedy baseline: ``num_samples=G + 1, temperatures=[tau] * G + [0]``. The rollout then
+      always carries ``sampler_threshold``; score it with ``recompute_logprobs(...,
+      temperatures=row_temperatures(...))``. Values are traced: new ones do not recompile.
   Returns:
     ``Rollout`` with B = P * G rows, prompts re-padded to the bucket length.
   """
@@ -309,6 +346,10 @@ def generate(
   prompt_ids = np.asarray(prompt_ids, np.int32)
   if prompt_ids.shape != (P,):
     raise ValueError(f"prompt_ids {prompt_ids.shape} must be [P] = ({P},)")
+  if temperatures is not None:
+    if isinstance(strategy, Greedy):
+      raise ValueError("temperatures need a sampling strategy (e.g. Temperature), not Greedy()")
+    temperatures = row_temperatures(temperatures, num_prompts=P, num_samples=num_samples)
   return generate_jit(
     params,
     tokens,
@@ -316,6 +357,7 @@ def generate(
     prompt_ids,
     key,
     stops,
+    temperatures,
     config=config,
     strategy=strategy,
     num_samples=num_samples,

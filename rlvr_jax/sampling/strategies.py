@@ -254,12 +254,51 @@ class Greedy:
 Strategy = Combined | Greedy
 
 
+def temperature_scale(temperatures: jax.Array) -> jax.Array:
+  """Per-row scale of the logits for scoring: tau where tau > 0, 1 on greedy rows (tau = 0).
+
+  Greedy rows record their threshold on unscaled logits (as ``Greedy`` does), so the trainer
+  re-applies both kinds of rows with ``truncated_token_logprobs(..., temperature=scale)``.
+  """
+  temperatures = jnp.asarray(temperatures, jnp.float32)
+  return jnp.where(temperatures > 0, temperatures, 1.0)
+
+
+def per_row_log_probs(
+  strategy: Combined, logits: jax.Array, temperatures: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """``strategy`` with a per-row temperature; rows with temperature 0 are greedy.
+
+  Row b samples from ``strategy`` at tau_b (its truncations applied to z = logits / tau_b) when
+  tau_b > 0, and is greedy (``Greedy().log_probs``: point mass on the argmax, threshold on
+  unscaled logits) when tau_b = 0. E.g. ReMax's greedy baseline row next to G sampled rows.
+
+  Args:
+    strategy: a ``Combined`` (its own ``temperature`` is replaced by ``temperatures``).
+    logits: [..., V]; temperatures: [...] float, >= 0.
+  Returns:
+    (logp [..., V] of each row's sampling distribution, threshold [...] on the scaled logits
+    z = logits / temperature_scale(temperatures); NEG where nothing is truncated).
+  """
+  if not isinstance(strategy, Combined):
+    raise ValueError(f"per-row temperatures need a sampling strategy (Combined), got {strategy}")
+  if temperatures.shape != logits.shape[:-1]:
+    raise ValueError(f"temperatures {temperatures.shape} must be logits {logits.shape} minus V")
+  greedy = temperatures <= 0
+  logp, threshold = strategy.log_probs(logits, temperature=temperature_scale(temperatures))
+  greedy_logp, greedy_threshold = Greedy().log_probs(logits)
+  return (
+    jnp.where(greedy[..., None], greedy_logp, logp),
+    jnp.where(greedy, greedy_threshold, threshold),
+  )
+
+
 def truncated_token_logprobs(
   logits: jax.Array,
   tokens: jax.Array,
   threshold: jax.Array | None,
   *,
-  temperature: float = 1.0,
+  temperature: float | jax.Array = 1.0,
 ) -> jax.Array:
   """Log-prob of ``tokens`` under the sampler's truncated distribution, re-applied to new logits.
 
@@ -273,7 +312,8 @@ def truncated_token_logprobs(
     logits: [..., V] logits (any float dtype; computed in float32).
     tokens: [...] int token ids.
     threshold: [...] float32 from ``Rollout.sampler_threshold``, or None.
-    temperature: the sampling temperature tau of the strategy.
+    temperature: the sampling temperature tau of the strategy, or an array broadcastable to
+      ``tokens`` (per-row temperatures: pass ``temperature_scale(temperatures)[:, None]``).
   Returns:
     [...] float32 log-probs.
   """
@@ -281,7 +321,14 @@ def truncated_token_logprobs(
     raise ValueError(f"logits {logits.shape} must be tokens {tokens.shape} + [V]")
   if threshold is not None and threshold.shape != tokens.shape:
     raise ValueError(f"threshold {threshold.shape} must match tokens {tokens.shape}")
-  z = logits.astype(jnp.float32) / temperature
+  tau = jnp.asarray(temperature, jnp.float32)
+  try:
+    fits = jnp.broadcast_shapes(tau.shape, tokens.shape) == tokens.shape
+  except ValueError:
+    fits = False
+  if not fits:
+    raise ValueError(f"temperature {tau.shape} does not broadcast to tokens {tokens.shape}")
+  z = logits.astype(jnp.float32) / tau[..., None]
   z_y = jnp.take_along_axis(z, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
   if threshold is None:
     return z_y - jax.nn.logsumexp(z, axis=-1)
