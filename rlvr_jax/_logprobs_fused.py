@@ -145,24 +145,9 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
     g_ent = jax.lax.dynamic_slice_in_dim(g_ent_all, start, chunk)
     if not want_entropy:
       g_ent = jnp.zeros_like(g_ent)
-    g_mu = jnp.zeros_like(g_logp)
-
-    def one_block(carry, xs):
-      dw, dh_c = carry
-      (index, start), z = xs
-      w_b = jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1)
-      cols, fresh = tiles.block_columns(index, start, vblock)
-      dz = tiles.chunk_dz(z, cols, y_c, lse_c, ent_c, g_logp, g_ent, g_mu, vocab_size)
-      dz = jnp.where(fresh, dz * inv_tau, 0.0)  # d/d(h @ w)
-      dh_c = dh_c + jnp.dot(dz, w_b.T, preferred_element_type=jnp.float32)
-      dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
-      dw_b = dw_b + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
-      return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
-
-    dh0 = jnp.zeros(h_c.shape, jnp.float32)
-    blocks = tiles.vocab_blocks(vocab_size, vblock)
-    (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), (blocks, zs))
-    return (dw, logp_all, ent_all), (logp_c, ent_c, dh_c.astype(h.dtype))
+    cotangents = (g_logp, g_ent, jnp.zeros_like(g_logp))
+    dw, dh_c = tiles.backward_tile(dw, h_c, w, y_c, lse_c, ent_c, cotangents, inv_tau, vblock, zs)
+    return (dw, logp_all, ent_all), (logp_c, ent_c, dh_c)
 
   init = (jnp.zeros(w.shape, jnp.float32), fill, jnp.zeros_like(fill))
   xs = (jnp.arange(num_tiles), h, y)

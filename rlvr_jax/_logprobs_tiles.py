@@ -151,3 +151,31 @@ def token_tiles(hidden, tokens, vocab_size, chunk_size):
   h = jnp.pad(h, ((0, pad), (0, 0))).reshape(num_tiles, chunk, d)
   y = jnp.pad(y, (0, pad)).reshape(num_tiles, chunk)
   return h, y, n
+
+
+def backward_tile(dw, h_c, w, y_c, lse, entropy, cotangents, inv_tau, vblock, zs=None):
+  """Adds one token tile's gradient to dw [D, V] (float32, in place) and returns (dw, dh_c [C, D]).
+
+  cotangents: (g_logp, g_entropy, g_mu), each [C]. zs: the tile's logits blocks [K_v, C, Vb] when
+  kept (fused path), else None and each block is recomputed from (h_c, w)."""
+  vocab_size = w.shape[1]
+  g_logp, g_entropy, g_mu = cotangents
+
+  def one_block(carry, xs):
+    dw, dh_c = carry
+    (index, start), z = xs
+    w_b = jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1)
+    if z is None:
+      z = hidden_logits(h_c, w_b, inv_tau)
+    cols, fresh = block_columns(index, start, vblock)
+    dz = chunk_dz(z, cols, y_c, lse, entropy, g_logp, g_entropy, g_mu, vocab_size)
+    dz = jnp.where(fresh, dz * inv_tau, 0.0)  # d/d(h @ w)
+    dh_c = dh_c + jnp.dot(dz, w_b.T, preferred_element_type=jnp.float32)
+    dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
+    dw_b = dw_b + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
+    return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
+
+  dh0 = jnp.zeros(h_c.shape, jnp.float32)
+  blocks = vocab_blocks(vocab_size, vblock)
+  (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), (blocks, zs))
+  return dw, dh_c.astype(h_c.dtype)

@@ -110,27 +110,11 @@ def _hidden_stats_bwd(vblock, want_entropy, want_mean, residuals, cotangents):
     g_entropy = jnp.zeros_like(g_logp)
   if not want_mean:
     g_mu = jnp.zeros_like(g_logp)
-  vocab_size = w.shape[1]
 
   def one_chunk(dw, args):
     h_c, y_c, lse_c, ent_c, gl_c, ge_c, gm_c = args
-
-    def one_block(carry, block):
-      dw, dh_c = carry
-      index, start = block
-      w_b = jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1)
-      z = tiles.hidden_logits(h_c, w_b, inv_tau)
-      cols, fresh = tiles.block_columns(index, start, vblock)
-      dz = tiles.chunk_dz(z, cols, y_c, lse_c, ent_c, gl_c, ge_c, gm_c, vocab_size)
-      dz = jnp.where(fresh, dz * inv_tau, 0.0)  # d/d(h @ w)
-      dh_c = dh_c + jnp.dot(dz, w_b.T, preferred_element_type=jnp.float32)
-      dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
-      dw_b = dw_b + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
-      return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
-
-    dh0 = jnp.zeros(h_c.shape, jnp.float32)
-    (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), tiles.vocab_blocks(vocab_size, vblock))
-    return dw, dh_c.astype(h.dtype)
+    cotangents = (gl_c, ge_c, gm_c)
+    return tiles.backward_tile(dw, h_c, w, y_c, lse_c, ent_c, cotangents, inv_tau, vblock)
 
   dw0 = jnp.zeros(w.shape, jnp.float32)
   xs = (h, y, lse, entropy, g_logp, g_entropy, g_mu)
