@@ -11,7 +11,8 @@ tokens at a time, computes their logits z = h W block by block over the vocabula
 kept: C x V float32 per tile), their logp / H (online logsumexp), the objective's cotangents
 (g_logp, g_H) for those tokens, then walks the kept blocks again for dz (rules in `logprobs`),
 dh += dz W_bᵀ and dW_b += hᵀ dz. The backward pass only scales the stored gradients by the loss
-cotangent: three matmul passes, the count of a logits-materialising implementation, with one
+cotangent: three matmul passes, the count of a logits-materialising implementation (two for a
+tile whose tokens carry no gradient: padding, masked or zero-advantage tokens), with one
 [C, V] float32 tile alive (78 MB at C = 128, V = 151,936) instead of [N, V]. This is the
 "gradient in the forward pass" scheme of fused linear cross-entropy kernels (Liger-Kernel,
 arXiv 2410.10989), opened up to any token-local objective: PPO-clip / GRPO / DAPO / Dr.GRPO / CISPO /
@@ -146,7 +147,16 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
     if not want_entropy:
       g_ent = jnp.zeros_like(g_ent)
     cotangents = (g_logp, g_ent, jnp.zeros_like(g_logp))
-    dw, dh_c = tiles.backward_tile(dw, h_c, w, y_c, lse_c, ent_c, cotangents, inv_tau, vblock, zs)
+    # A tile without gradient (padding, masked or zero-advantage tokens without a regulariser)
+    # has dz = 0 exactly: skip its two backward matmul passes.
+    dw, dh_c = jax.lax.cond(
+      jnp.any(g_logp != 0) | jnp.any(g_ent != 0),
+      lambda dw: tiles.backward_tile(
+        dw, h_c, w, y_c, lse_c, ent_c, cotangents, inv_tau, vblock, zs
+      ),
+      lambda dw: (dw, jnp.zeros_like(h_c)),
+      dw,
+    )
     return (dw, logp_all, ent_all), (logp_c, ent_c, dh_c)
 
   init = (jnp.zeros(w.shape, jnp.float32), fill, jnp.zeros_like(fill))
