@@ -94,3 +94,26 @@ def test_trainer_host_loop_two_processes_with_resume_matches_one_process(tmp_pat
   assert (tmp_path / "trainer_p2x4" / "process_1" / "metrics.jsonl").exists()
   with open(tmp_path / "log_p2x4_0.txt") as f:
     assert "resumed from step 1" in f.read()
+
+
+@pytest.mark.slow
+def test_trainer_uneven_shards_with_refill_two_processes_match_one_process(tmp_path):
+  """P = 5 prompts over 2 processes (2 + 3: uneven prompt widths and reward rows) with DAPO's
+  dynamic sampling (``refill``: several prompt batches per step while groups are zero-variance):
+  the two-process host loop equals the one-process one and each process loads only its slices."""
+  sys.path.insert(0, os.path.join(ROOT, "tools"))
+  try:
+    import multihost_demo
+  finally:
+    sys.path.pop(0)
+  opts = ("--trainer", "--prompts_per_step=5", "--zero_variance=refill")
+  _launch(tmp_path, "--launch=2", "--devices_per_process=4", *opts)
+  _launch(tmp_path, "--launch=1", "--devices_per_process=8", *opts)
+  out = multihost_demo.compare_trainer(str(tmp_path), "p2x4_stop0", "p1x8_stop0")
+  assert out["param_max_abs_diff"] < 2e-5, out
+  assert out["metric_max_abs_diff"] < 2e-5, out
+  (one,) = multihost_demo.loaded_indices(str(tmp_path), "p1x8_stop0", 1)
+  p0, p1 = multihost_demo.loaded_indices(str(tmp_path), "p2x4_stop0", 2)
+  rounds = len(one) // 5
+  assert len(one) == 5 * rounds and rounds > 2  # refill took more than one batch per step
+  assert p0 == [i for i in one if i % 5 < 2] and p1 == [i for i in one if i % 5 >= 2]

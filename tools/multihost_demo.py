@@ -247,12 +247,15 @@ def worker(args) -> None:
   print(f"process {info.process_index}/{info.process_count}: rows {mine}, done", flush=True)
 
 
-def trainer_config(workdir: str, steps: int, stop_after: int):
+def trainer_config(
+  workdir: str, steps: int, stop_after: int, prompts_per_step: int = 4, zero_variance="keep"
+):
   """A tiny arithmetic RL run of the real trainer (train.loop) for the multi-process check."""
   from rlvr_jax.train import config as config_lib
 
+  rl = dict(num_steps=steps, prompts_per_step=prompts_per_step, zero_variance=zero_variance)
   return config_lib.tiny_mesh_config(
-    workdir, rl=dict(num_steps=steps), checkpoint=dict(every=1), max_steps_this_run=stop_after
+    workdir, rl=rl, checkpoint=dict(every=1), max_steps_this_run=stop_after
   )
 
 
@@ -297,7 +300,9 @@ def trainer_worker(args) -> None:
   jax.config.update("jax_default_matmul_precision", "highest")
   mesh = S.make_mesh(*[int(x) for x in args.mesh.split(",")])
   workdir = os.path.join(args.workdir, f"trainer_{args.tag}")
-  c = trainer_config(workdir, args.steps, args.stop_after)
+  c = trainer_config(
+    workdir, args.steps, args.stop_after, args.prompts_per_step, args.zero_variance
+  )
   trainer = sharded.MeshTrainer(c, mesh=mesh, log=lambda s: print(s, flush=True))
   # Instrumentation only: which prompts (global indices) this process loaded from its stream.
   loaded = trainer.collector.source = _RecordingSource(trainer.collector.source)
@@ -387,6 +392,8 @@ def main() -> None:
   p.add_argument("--compare", nargs=2, metavar=("TAG_A", "TAG_B"))
   p.add_argument("--trainer", action="store_true", help="run the real host loop (MeshTrainer)")
   p.add_argument("--stop_after", type=int, default=0, help="--trainer: stop after this many steps")
+  p.add_argument("--prompts_per_step", type=int, default=4, help="--trainer: P")
+  p.add_argument("--zero_variance", default="keep", help="--trainer: keep, mask or refill")
   p.add_argument("--coordinator_address")
   p.add_argument("--num_processes", type=int)
   p.add_argument("--process_id", type=int)
@@ -395,7 +402,11 @@ def main() -> None:
     out = compare(args.workdir, *args.compare)
     print(json.dumps({k: out[k] for k in ("param_max_abs_diff", "metric_max_abs_diff")}))
   elif args.launch:
-    extra = ["--trainer", f"--stop_after={args.stop_after}"] if args.trainer else []
+    extra = []
+    if args.trainer:
+      extra = ["--trainer", f"--stop_after={args.stop_after}"]
+      extra += [f"--prompts_per_step={args.prompts_per_step}"]
+      extra += [f"--zero_variance={args.zero_variance}"]
     tag = launch(
       args.launch,
       args.devices_per_process,
