@@ -64,6 +64,7 @@ def test_unknown_or_badly_typed_override_fails():
     ("--config.data.task.ops=-", "config.warm_start.drop_carry_prob"),
     ("--config.model.source=smollm2", "config.tokenizer.kind"),
     ("--config.objective.name=copo", "config.rl.advantage"),
+    ("--config.rl.fused_loss=yes", "config.rl.fused_loss"),
   ],
 )
 def test_validation_names_the_field(override, field):

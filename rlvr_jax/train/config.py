@@ -160,6 +160,7 @@ def base_config() -> ConfigDict:
       num_microbatches=1,
       use_reference=False,
       logprob_chunk=128,
+      fused_loss="auto",  # 'auto' | 'on' | 'off': objective fused into the log-prob sweep
     )
   )
   c.objective = ConfigDict(dict(name="grpo", kwargs=objective_kwargs_config()))
@@ -250,6 +251,10 @@ def _need(cond: bool, field: str, msg: str) -> None:
     raise ConfigError(f"config.{field}: {msg}")
 
 
+# rl.fused_loss -> make_train_step(fused_loss=...): 'auto' fuses token-local objectives.
+FUSED_LOSS = {"auto": "auto", "on": True, "off": False}
+
+
 def validate(c) -> None:
   """Fail fast, naming the field, on values the trainer cannot run with."""
   _need(
@@ -294,6 +299,11 @@ def validate(c) -> None:
     f"must divide rl.prompts_per_step={r.prompts_per_step}, got {r.riskpo_bundle_size}",
   )
   _need(r.num_epochs >= 1, "rl.num_epochs", "must be >= 1")
+  _need(
+    r.fused_loss in FUSED_LOSS,
+    "rl.fused_loss",
+    f"{r.fused_loss!r} not in {tuple(FUSED_LOSS)} (the objective fused into the log-prob sweep)",
+  )
   _need(
     r.num_minibatches >= 1 and r.prompts_per_step % r.num_minibatches == 0,
     "rl.num_minibatches",

@@ -96,6 +96,7 @@ class Trainer:
       c.sampling.temperature,
       r.logprob_chunk,
       self.updates_per_step == 1,
+      r.fused_loss,
     )
     if step_key not in _STEP_CACHE:
       _STEP_CACHE[step_key] = step_lib.make_train_step(
@@ -107,6 +108,7 @@ class Trainer:
         temperature=c.sampling.temperature,
         chunk_size=r.logprob_chunk,
         on_policy=self.updates_per_step == 1,
+        fused_loss=config_lib.FUSED_LOSS[r.fused_loss],
       )
     self.train_step = _STEP_CACHE[step_key]
     extra = {}

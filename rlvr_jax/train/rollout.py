@@ -374,13 +374,13 @@ def proxy_logp_fn(model_config, min_p: float = 0.02):
   """Jitted Lp-Reg proxy log-probs [B, T] of the min-p filtered policy at temperature 1."""
   key = (model_config, min_p)
   if key not in _PROXY_JIT:
-    from rlvr_jax import model
 
     def fn(params, tokens, positions, num_completion):
-      s = tokens.shape[1]
-      logits, _ = model.forward(params, tokens, positions, config=model_config, return_logits=True)
-      logits = logits[:, s - num_completion - 1 : s - 1]
-      return regularizers.min_p_proxy_logp(logits, tokens[:, s - num_completion :], min_p=min_p)
+      # One matmul pass over token tiles of the unembedding: never the [B, T, V] logits.
+      h, unembed, targets = step_lib.completion_hidden(
+        params, tokens, positions, num_completion=num_completion, model_config=model_config
+      )
+      return regularizers.min_p_proxy_logp_from_hidden(h, unembed, targets, min_p=min_p)
 
     _PROXY_JIT[key] = jax.jit(fn, static_argnums=(3,))
   return _PROXY_JIT[key]
