@@ -215,3 +215,32 @@ def test_truncated_logprobs_from_hidden_chunked_equals_full():
   g_chunk = jax.grad(lambda h, w: chunked(h, w).sum(), argnums=(0, 1))(h, w)
   for a, b in zip(g_chunk, g_full, strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+
+
+def test_two_pass_argmax_equals_jnp_argmax_with_ties_and_nan():
+  from rlvr_jax.sampling.strategies import argmax
+
+  x = jnp.array(
+    [
+      [1.0, 3.0, 3.0, 0.0],
+      [jnp.nan, 1.0, jnp.nan, 2.0],
+      [-1.0, -1.0, -1.0, -1.0],
+      [0.0, 1.0, 2.0, 5.0],
+    ]
+  )
+  np.testing.assert_array_equal(np.asarray(jax.jit(argmax)(x)), [1, 0, 0, 3])
+  y = jax.random.normal(jax.random.key(0), (16, 300))
+  np.testing.assert_array_equal(np.asarray(jax.jit(argmax)(y)), np.asarray(jnp.argmax(y, -1)))
+
+
+def test_inverse_cdf_sample_stays_in_the_support():
+  """Many keys on a distribution with dropped (NEG) tokens between and after the kept ones."""
+  from rlvr_jax.sampling.strategies import NEG, inverse_cdf_sample
+
+  logp = jnp.log(jnp.array([0.0, 0.5, 0.0, 0.25, 0.25, 0.0, 0.0]))
+  logp = jnp.where(jnp.isfinite(logp), logp, NEG)
+  keys = jax.random.split(jax.random.key(1), 4000)
+  draws = np.asarray(jax.jit(jax.vmap(inverse_cdf_sample, in_axes=(0, None)))(keys, logp))
+  counts = np.bincount(draws, minlength=7)
+  assert counts[[0, 2, 5, 6]].sum() == 0
+  assert chi_square_pvalue(counts, [0, 0.5, 0, 0.25, 0.25, 0, 0]) > 1e-3
