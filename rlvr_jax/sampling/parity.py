@@ -127,30 +127,21 @@ def recompute_logprobs(
     )
 
   model_logp = untruncated(1.0)
-  if temperatures is not None:
-    if rollout.sampler_threshold is None:
-      raise ValueError("per-row temperatures need the rollout's sampler_threshold")
-    sampler_logp = truncated_logprobs_from_hidden(
-      hidden,
-      unembed,
-      tokens,
-      rollout.sampler_threshold,
-      temperature=temperature_scale(temperatures),
-      chunk_size=chunk_size,
+  # Per-row temperatures always come with the sampler's truncation threshold (greedy rows need it).
+  truncated = temperatures is not None or strategy.truncates
+  if not truncated:
+    return untruncated(strategy.temperature), model_logp
+  if rollout.sampler_threshold is None:
+    raise ValueError(
+      "per-row temperatures need the rollout's sampler_threshold"
+      if temperatures is not None
+      else f"{strategy} truncates but the rollout has no sampler_threshold"
     )
-  elif strategy.truncates:
-    if rollout.sampler_threshold is None:
-      raise ValueError(f"{strategy} truncates but the rollout has no sampler_threshold")
-    sampler_logp = truncated_logprobs_from_hidden(
-      hidden,
-      unembed,
-      tokens,
-      rollout.sampler_threshold,
-      temperature=strategy.temperature,
-      chunk_size=chunk_size,
-    )
-  else:
-    sampler_logp = untruncated(strategy.temperature)
+  temperature = strategy.temperature if temperatures is None else temperature_scale(temperatures)
+  sampler_logp = truncated_logprobs_from_hidden(
+    hidden, unembed, tokens, rollout.sampler_threshold, temperature=temperature,
+    chunk_size=chunk_size,
+  )  # fmt: skip
   return sampler_logp, model_logp
 
 
