@@ -41,7 +41,6 @@ import numpy as np
 from rlvr_jax import _logprobs_tiles as tiles
 
 DEFAULT_FUSED_CHUNK_SIZE = 128
-VOCAB_BLOCK = 8192
 
 
 def _zero_cotangent(x):
@@ -51,26 +50,10 @@ def _zero_cotangent(x):
   return np.zeros(x.shape, jax.dtypes.float0)
 
 
-def tile_logits(h_c, w, y_c, inv_tau, want_entropy, keep_logits):
-  """Online statistics of one token tile over all vocabulary blocks of Vb = min(V, 8192) columns.
-
-  Returns (online statistics ``_logprobs_tiles.Online``, the blocks z [K_v, C, Vb] if
-  ``keep_logits`` else None); the last block is shifted back to fit (``vocab_blocks``)."""
-  vblock = min(w.shape[1], VOCAB_BLOCK)
-
-  def one_block(online, block):
-    index, start = block
-    z = tiles.hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
-    cols, fresh = tiles.block_columns(index, start, vblock)
-    return online.fold(z, cols, fresh, y_c, want_entropy, False), z if keep_logits else None
-
-  blocks = tiles.vocab_blocks(w.shape[1], vblock)
-  return jax.lax.scan(one_block, tiles.Online.start(y_c.shape), blocks)
-
-
 def _tile_forward(h_c, w, y_c, inv_tau, want_entropy, keep_logits):
   """(logp, lse, entropy) [C] of one token tile and its kept logits blocks (or None)."""
-  online, zs = tile_logits(h_c, w, y_c, inv_tau, want_entropy, keep_logits)
+  vblock = min(w.shape[1], tiles.DEFAULT_VOCAB_CHUNK_SIZE)
+  online, zs = tiles.forward_tile(h_c, w, y_c, inv_tau, vblock, want_entropy, False, keep_logits)
   logp, lse, entropy, _ = online.finish(w.shape[1], want_entropy, False)
   return logp, lse, entropy, zs
 
@@ -87,12 +70,12 @@ def min_p_proxy_from_hidden(hidden, unembed, tokens, *, min_p, temperature, chun
   h, y, n = tiles.token_tiles(jax.lax.stop_gradient(hidden), tokens, v, chunk_size)
   w = jax.lax.stop_gradient(unembed)
   inv_tau = tiles.inv_temperature(temperature)
-  vblock = min(v, VOCAB_BLOCK)
+  vblock = min(v, tiles.DEFAULT_VOCAB_CHUNK_SIZE)
   log_kappa = jnp.log(jnp.float32(min_p))
 
   def one_tile(args):
     h_c, y_c = args
-    online, zs = tile_logits(h_c, w, y_c, inv_tau, False, True)
+    online, zs = tiles.forward_tile(h_c, w, y_c, inv_tau, vblock, False, keep_logits=True)
     floor = online.m + log_kappa  # kept: z >= max z + log kappa
 
     def kept_sum(total, xs):
@@ -128,7 +111,7 @@ def _fused(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
 def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
   num_tiles, chunk, _ = h.shape
   vocab_size = w.shape[1]
-  vblock = min(vocab_size, VOCAB_BLOCK)
+  vblock = min(vocab_size, tiles.DEFAULT_VOCAB_CHUNK_SIZE)
 
   def tile_cotangents(logp_all, ent_all):
     _, vjp = jax.vjp(lambda lp, ent: loss_fn(lp, ent, *consts), logp_all, ent_all)

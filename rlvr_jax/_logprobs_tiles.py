@@ -12,6 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+DEFAULT_VOCAB_CHUNK_SIZE = 8192  # vocabulary columns per block (Vb)
+
 
 def chunk_stats(z, y, want_entropy, want_mean):
   """(logp, lse, entropy, mu) of whole-vocabulary rows z [C, V]; entropy/mu are zeros if unwanted."""
@@ -99,6 +101,23 @@ class Online(NamedTuple):
     entropy = log_s - self.a / self.s if want_entropy else zeros
     mu = self.z_sum / vocab_size - lse if want_mean else zeros
     return self.z_y - lse, lse, entropy, mu
+
+
+def forward_tile(h_c, w, y_c, inv_tau, vblock, want_entropy, want_mean=False, keep_logits=False):
+  """Folds one token tile's logits z = h_c W / τ over all vocabulary blocks of Vb = ``vblock``.
+
+  Returns (the ``Online`` statistics of the whole vocabulary, the blocks z [K_v, C, Vb] if
+  ``keep_logits`` else None); the last block is shifted back to fit (``vocab_blocks``)."""
+
+  def one_block(online, block):
+    index, start = block
+    z = hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
+    cols, fresh = block_columns(index, start, vblock)
+    online = online.fold(z, cols, fresh, y_c, want_entropy, want_mean)
+    return online, z if keep_logits else None
+
+  blocks = vocab_blocks(w.shape[1], vblock)
+  return jax.lax.scan(one_block, Online.start(y_c.shape), blocks)
 
 
 def check_common(name, x, tokens, temperature, chunk_size):

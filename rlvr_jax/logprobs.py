@@ -40,7 +40,7 @@ from rlvr_jax import _logprobs_tiles as tiles
 from rlvr_jax._logprobs_fused import DEFAULT_FUSED_CHUNK_SIZE, fused_objective_from_hidden
 
 DEFAULT_CHUNK_SIZE = 1024
-DEFAULT_VOCAB_CHUNK_SIZE = 8192
+DEFAULT_VOCAB_CHUNK_SIZE = tiles.DEFAULT_VOCAB_CHUNK_SIZE
 
 __all__ = [
   "DEFAULT_CHUNK_SIZE",
@@ -88,15 +88,7 @@ def _hidden_stats_fwd(h, w, y, inv_tau, vblock, want_entropy, want_mean):
 
   def one_chunk(args):
     h_c, y_c = args
-
-    def one_block(online, block):
-      index, start = block
-      z = tiles.hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
-      cols, fresh = tiles.block_columns(index, start, vblock)
-      return online.fold(z, cols, fresh, y_c, want_entropy, want_mean), None
-
-    blocks = tiles.vocab_blocks(vocab_size, vblock)
-    online, _ = jax.lax.scan(one_block, tiles.Online.start(y_c.shape), blocks)
+    online, _ = tiles.forward_tile(h_c, w, y_c, inv_tau, vblock, want_entropy, want_mean)
     return online.finish(vocab_size, want_entropy, want_mean)
 
   logp, lse, entropy, mu = jax.lax.map(one_chunk, (h, y))
