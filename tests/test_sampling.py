@@ -8,7 +8,7 @@ import pytest
 from test_sampling_strategies import _reference_probs, chi_square_pvalue
 
 from rlvr_jax import sharding as sharding_lib
-from rlvr_jax.model import ModelConfig, forward, init_params, param_shardings
+from rlvr_jax.model import ModelConfig, forward, init_params, param_shardings, unstack_layers
 from rlvr_jax.sampling import (
   Combined,
   Greedy,
@@ -124,9 +124,11 @@ def test_stop_tokens_lengths_and_padding(params):
 
 
 def test_prefill_decode_step_loop_matches_generate(params):
-  """The public prefill + donated decode_step, looped on the host, give generate's greedy tokens."""
+  """The public prefill + donated decode_step, looped on the host, give generate's greedy tokens
+  (prefill with stacked params, decode with ``unstack_layers``-ed ones: both layouts serve)."""
   tokens, mask = pad_to_bucket(*_prompts(4, seed=5), pad_id=0)
   rollout = _generate(params, (tokens, mask), Greedy(), stop_tokens=())
+  per_layer = unstack_layers(params, CONFIG)
   logits, cache, positions = prefill(
     params, tokens, mask, config=CONFIG, cache_len=tokens.shape[1] + 10
   )
@@ -136,8 +138,9 @@ def test_prefill_decode_step_loop_matches_generate(params):
     out.append(tok)
     if t < 9:
       old = cache
-      logits, cache = decode_step(params, cache, tok, positions + t, config=CONFIG)
-      assert old.k.is_deleted()  # the cache was donated (updated in place)
+      logits, cache = decode_step(per_layer, cache, tok, positions + t, config=CONFIG)
+      # The cache was donated (updated in place): every per-layer buffer.
+      assert all(a.is_deleted() for a in (*old.k, *old.v, old.positions))
   np.testing.assert_array_equal(np.stack(out, 1), np.asarray(rollout.tokens)[::2])
   np.testing.assert_array_equal(np.asarray(rollout.tokens)[::2], np.asarray(rollout.tokens)[1::2])
 
@@ -225,8 +228,8 @@ def test_no_recompilation_within_a_bucket(params):
   assert sampler.generate_jit._cache_size() == compiled
   # A longer prompt moves to the next bucket: exactly one new program.
   tokens, mask = _prompts(4, seed=30, max_len=20)
-  mask[0], tokens[0] = True, 7  # one prompt of length 20 -> bucket 32
-  assert _generate(params, (tokens, mask), strategy).prompt_tokens.shape[1] == 32
+  mask[0], tokens[0] = True, 7  # one prompt of length 20 -> bucket 24
+  assert _generate(params, (tokens, mask), strategy).prompt_tokens.shape[1] == 24
   assert sampler.generate_jit._cache_size() == compiled + 1
 
 

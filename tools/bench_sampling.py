@@ -34,7 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlvr_jax.model import ModelConfig, export_hf, init_params  # noqa: E402
+from rlvr_jax.model import ModelConfig, export_hf, init_params, unstack_layers  # noqa: E402
 from rlvr_jax.sampling import Greedy, decode_step, generate, pad_to_bucket, prefill  # noqa: E402
 from rlvr_jax.sampling import sampler as sampler_lib  # noqa: E402
 
@@ -123,6 +123,7 @@ def bench_ours(params, config, ids, mask, new_tokens):
 
   # A host-driven loop over the donated decode_step, for contrast (per decode step).
   steps = min(new_tokens, 32)
+  params = unstack_layers(params, config)  # once, as generate does inside
   logits, cache, positions = prefill(
     params, tokens_b, mask_b, config=config, cache_len=tokens_b.shape[1] + steps + 1
   )

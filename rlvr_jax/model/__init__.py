@@ -4,6 +4,7 @@ Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
   KVCache, init_cache, forward, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
+  unstack_layers, layer_params,
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
 Loading, export and the tokenizer import ``transformers`` / ``safetensors`` / ``gguf`` lazily, so
@@ -15,8 +16,10 @@ from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
 from rlvr_jax.model.decoder import (
   forward,
   hidden_states_per_layer,
+  layer_params,
   logits_from_hidden,
   unembed_matrix,
+  unstack_layers,
 )
 from rlvr_jax.model.params import (
   ParamSpec,
@@ -63,10 +66,12 @@ __all__ = [
   "hidden_states_per_layer",
   "init_cache",
   "init_params",
+  "layer_params",
   "logical_axes",
   "logits_from_hidden",
   "param_shardings",
   "param_specs",
   "unembed_matrix",
+  "unstack_layers",
   *_LAZY,
 ]

@@ -1,4 +1,4 @@
-"""The key/value cache of the decoder, a pytree dataclass."""
+"""The key/value cache of the decoder, a pytree dataclass with one buffer per layer."""
 
 from __future__ import annotations
 
@@ -11,30 +11,44 @@ from rlvr_jax.types import pytree_dataclass
 
 @pytree_dataclass
 class KVCache:
-  """Keys, values and positions of every filled slot, for all layers.
+  """Keys, values and positions of every filled slot, one buffer per layer.
 
   Attributes:
-    k, v: [L, B, K, S_max, H] keys (after RoPE) and values, in the compute dtype. Head-major
-      (slots inside each kv head) so that a decode step's attention reads each head's
-      [S_max, H] block in place; a slot-major [L, B, S_max, K, H] layout made XLA transpose the
-      whole cache of every layer at every decode step.
+    k: tuple of L arrays [B, K, H, S_max]: keys after RoPE, transposed (slots last) so that a
+      decode step's scores q k^T are a plain [G, H] x [H, S_max] matmul per (row, kv head).
+    v: tuple of L arrays [B, K, S_max, H]: values (slots inside each kv head), so that the
+      probabilities-times-values product reads each head's [S_max, H] block in place.
     positions: [B, S_max] int32 position of the token stored in each slot; -1 marks an empty slot
       (never written, or written by a padding token).
     index: int32 scalar, the next slot to write (shared by all rows).
+
+  Why per-layer buffers and these layouts (measured on XLA:CPU, SmolLM2-135M shapes, see
+  docs/benchmarks.md): a stacked [L, ...] cache read by a layer ``scan`` is copied out layer by
+  layer at every decode step; a slot-major [B, S_max, K, H] layout made XLA transpose the whole
+  cache every step; keys stored [S_max, H] made the scores an ``A B^T`` batched matmul about
+  3x slower than the ``A B`` form at batch 32.
   """
 
-  k: jax.Array
-  v: jax.Array
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
   positions: jax.Array
   index: jax.Array
 
   @property
+  def num_layers(self) -> int:
+    return len(self.k)
+
+  @property
   def max_len(self) -> int:
-    return self.k.shape[3]
+    return self.positions.shape[1]
 
   @property
   def batch_size(self) -> int:
-    return self.k.shape[1]
+    return self.positions.shape[0]
+
+  @property
+  def dtype(self) -> jnp.dtype:
+    return self.k[0].dtype
 
 
 def init_cache(
@@ -42,31 +56,33 @@ def init_cache(
 ) -> KVCache:
   """An empty cache: zeros for k/v, all positions -1, index 0."""
   dtype = jnp.dtype(config.dtype if dtype is None else dtype)
-  shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
+  B, K, H, L = batch_size, config.num_kv_heads, config.head_dim, config.num_layers
   return KVCache(
-    k=jnp.zeros(shape, dtype),
-    v=jnp.zeros(shape, dtype),
+    k=tuple(jnp.zeros((B, K, H, max_len), dtype) for _ in range(L)),
+    v=tuple(jnp.zeros((B, K, max_len, H), dtype) for _ in range(L)),
     positions=jnp.full((batch_size, max_len), -1, jnp.int32),
     index=jnp.zeros((), jnp.int32),
   )
 
 
-def cache_logical_axes() -> KVCache:
+def cache_logical_axes(num_layers: int) -> KVCache:
   """Logical axes of each cache field (for ``rlvr_jax.sharding`` rules)."""
-  kv = ("layers", "batch", "kv_heads", "seq", "head_dim")
-  return KVCache(k=kv, v=kv, positions=("batch", "seq"), index=())
+  k = ("batch", "kv_heads", "head_dim", "seq")
+  v = ("batch", "kv_heads", "seq", "head_dim")
+  return KVCache(k=(k,) * num_layers, v=(v,) * num_layers, positions=("batch", "seq"), index=())
 
 
 def cache_shardings(cache: KVCache, mesh, rules) -> KVCache:
-  """``NamedSharding`` per cache field on ``mesh`` (rows over the ``batch`` rule)."""
+  """``NamedSharding`` per cache array on ``mesh`` (rows over the ``batch`` rule)."""
   from rlvr_jax import sharding as sharding_lib
 
-  axes = cache_logical_axes()
+  def one(axes, array):
+    return sharding_lib.logical_to_sharding(axes, mesh, rules, shape=array.shape)
+
+  axes = cache_logical_axes(cache.num_layers)
   return KVCache(
-    **{
-      name: sharding_lib.logical_to_sharding(
-        getattr(axes, name), mesh, rules, shape=getattr(cache, name).shape
-      )
-      for name in ("k", "v", "positions", "index")
-    }
+    k=tuple(map(one, axes.k, cache.k)),
+    v=tuple(map(one, axes.v, cache.v)),
+    positions=one(axes.positions, cache.positions),
+    index=one(axes.index, cache.index),
   )

@@ -2,9 +2,11 @@
 
 Pre-norm residual blocks (arXiv 2302.13971):
   h = x + Attn(RMSNorm(x)),   y = h + SwiGLU(RMSNorm(h)),
-and a final RMSNorm. The L layers are stacked and run by one ``lax.scan`` (compile time independent
-of depth). With a KV cache the full cache is carried through the scan and each layer writes its new
-keys/values with ``dynamic_update_slice`` (in place under a donated cache).
+and a final RMSNorm. Without a cache (training, scoring) the L layers are stacked and run by one
+``lax.scan`` (compile time independent of depth). With a KV cache (prefill, decoding) they run as an
+unrolled loop over per-layer weights (``unstack_layers``) and per-layer cache buffers, each layer
+writing its new keys/values with ``dynamic_update_slice`` (in place under a donated cache): a
+decode step then reads every weight and cache entry once, with no per-layer copies.
 
 Padding rule: a negative position marks a padding token. Padding tokens are never attended to; their
 own outputs are finite garbage. Real tokens carry positions 0, 1, 2, ... which RoPE uses.
@@ -60,11 +62,45 @@ def _qkv(lp: Params, x: jax.Array, cos, sin, config: ModelConfig):
 def _block_tail(lp: Params, x: jax.Array, attn: jax.Array, config: ModelConfig) -> jax.Array:
   """Output projection + residual, then the MLP sub-block. attn: [B, S, N, H]."""
   dt = x.dtype
-  h = x + jnp.einsum("bsnh,nhd->bsd", attn, lp["wo"].astype(dt))
+  B, S, N, H = attn.shape
+  # One [N * H, D] matrix, not an "nh" contraction: with the latter XLA:CPU chose to transpose
+  # wo (every layer, every decode step) to match the layout it picked for attn.
+  wo = lp["wo"].astype(dt).reshape(N * H, -1)
+  h = x + jnp.einsum("bsf,fd->bsd", attn.reshape(B, S, N * H), wo)
   y = L.rms_norm(h, lp["mlp_norm"], eps=config.rms_norm_eps)
   return h + L.swiglu_mlp(
     y, lp["w_gate"].astype(dt), lp["w_up"].astype(dt), lp["w_down"].astype(dt)
   )
+
+
+def layer_params(params: Params, config: ModelConfig) -> tuple[Params, ...]:
+  """The L per-layer param dicts, from stacked (``param_specs``) or already unstacked params."""
+  layers = params["layers"]
+  if isinstance(layers, (tuple, list)):
+    if len(layers) != config.num_layers:
+      raise ValueError(f"params have {len(layers)} layers, config expects {config.num_layers}")
+    return tuple(layers)
+  return tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(config.num_layers))
+
+
+def unstack_layers(params: Params, config: ModelConfig) -> Params:
+  """``params`` with ``layers`` as a tuple of L per-layer dicts (the decoding layout).
+
+  ``forward`` with a KV cache runs the layers as an unrolled loop over per-layer weights: a
+  ``scan`` over stacked weights copies every layer's weights out of the stack at every decode step
+  (it doubled the weight traffic of a step on XLA:CPU). ``generate`` unstacks once per call,
+  before its decode loop; callers of ``prefill`` / ``decode_step`` in a host loop should pass
+  unstacked params too (stacked ones are sliced inside every call). The copies cost one extra
+  weight-sized buffer while they live.
+  """
+  return dict(params, layers=layer_params(params, config))
+
+
+def _stacked(params: Params, config: ModelConfig) -> Params:
+  layers = params["layers"]
+  if isinstance(layers, (tuple, list)):
+    layers = jax.tree.map(lambda *a: jnp.stack(a), *layer_params(params, config))
+  return layers
 
 
 def _check_inputs(params: Params, tokens, positions, config: ModelConfig, cache):
@@ -79,52 +115,62 @@ def _check_inputs(params: Params, tokens, positions, config: ModelConfig, cache)
     )
   if cache is not None:
     B, S = tokens.shape
-    if cache.k.shape[:2] != (config.num_layers, B):
-      raise ValueError(f"cache k {cache.k.shape} does not match L={config.num_layers}, B={B}")
+    expected_k = (B, config.num_kv_heads, config.head_dim, cache.max_len)
+    expected_v = (B, config.num_kv_heads, cache.max_len, config.head_dim)
+    if (
+      cache.num_layers != config.num_layers
+      or any(k.shape != expected_k for k in cache.k)
+      or any(v.shape != expected_v for v in cache.v)
+    ):
+      raise ValueError(
+        f"cache (k {[k.shape for k in cache.k[:1]]}, v {[v.shape for v in cache.v[:1]]}, "
+        f"{cache.num_layers} layers) does not match L={config.num_layers}, k {expected_k}, "
+        f"v {expected_v}"
+      )
     if S > cache.max_len:
       raise ValueError(f"{S} new tokens do not fit a cache of length {cache.max_len}")
 
 
-def _run_layers(params, x, cos, sin, mask, config: ModelConfig, cache, collect: bool):
-  """Scans the stacked layers. Returns (x, new_k, new_v, per-layer inputs or None)."""
-  eps = config.rms_norm_eps
-  K = config.num_kv_heads
+def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool):
+  """Scans the stacked layers (no cache). Returns (x, per-layer inputs or None)."""
+  K, eps = config.num_kv_heads, config.rms_norm_eps
 
-  if cache is None:
-
-    def layer(x, lp):
-      q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
-      attn = L.attention(q, k, v, mask, num_kv_heads=K)
-      return _block_tail(lp, x, attn, config), (x if collect else None)
-
-    if config.remat:
-      layer = jax.checkpoint(layer)
-    x, seen = jax.lax.scan(layer, x, params["layers"])
-    return x, None, None, seen
-
-  index = cache.index
-  ck0, cv0 = cache.k.astype(x.dtype), cache.v.astype(x.dtype)
-
-  def cached_layer(carry, inputs):
-    x, ck, cv = carry
-    lp, li = inputs
+  def layer(x, lp):
     q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
-    zero = jnp.zeros((), jnp.int32)
-    # The cache is head-major [L, B, K, S_max, H]: the S new entries [B, S, K, H] are transposed
-    # (small), the cache itself never is.
-    k, v = (jnp.swapaxes(a, 1, 2)[None] for a in (k, v))
-    ck = jax.lax.dynamic_update_slice(ck, k, (li, zero, zero, index, zero))
-    cv = jax.lax.dynamic_update_slice(cv, v, (li, zero, zero, index, zero))
-    k_all = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)
-    v_all = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)
-    attn = L.attention(q, k_all, v_all, mask, num_kv_heads=K, kv_head_major=True)
-    return (_block_tail(lp, x, attn, config), ck, cv), (x if collect else None)
+    attn = L.attention(q, k, v, mask, num_kv_heads=K)
+    return _block_tail(lp, x, attn, config), (x if collect else None)
 
   if config.remat:
-    cached_layer = jax.checkpoint(cached_layer)
-  layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
-  (x, ck, cv), seen = jax.lax.scan(cached_layer, (x, ck0, cv0), (params["layers"], layer_ids))
-  return x, ck, cv, seen
+    layer = jax.checkpoint(layer)
+  return jax.lax.scan(layer, x, _stacked(params, config))
+
+
+def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KVCache, collect):
+  """The layers as an unrolled loop over per-layer weights and cache buffers.
+
+  Each layer writes its S new keys / values at slot ``cache.index`` (in place under a donated
+  cache) and attends over its whole buffer. Returns (x, new k tuple, new v tuple, inputs or None).
+  """
+  K, eps = config.num_kv_heads, config.rms_norm_eps
+  zero = jnp.zeros((), jnp.int32)
+  index = cache.index
+  new_k, new_v, seen = [], [], []
+  for lp, ck, cv in zip(layer_params(params, config), cache.k, cache.v, strict=True):
+    seen.append(x)
+    q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
+    # New entries [B, S, K, H] -> [B, K, H, S] (keys) and [B, K, S, H] (values): only these small
+    # blocks are transposed, never the cache.
+    ck = jax.lax.dynamic_update_slice(
+      ck, k.transpose(0, 2, 3, 1).astype(ck.dtype), (zero,) * 3 + (index,)
+    )
+    cv = jax.lax.dynamic_update_slice(
+      cv, jnp.swapaxes(v, 1, 2).astype(cv.dtype), (zero, zero, index, zero)
+    )
+    attn = L.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, num_kv_heads=K)
+    x = _block_tail(lp, x, attn, config)
+    new_k.append(ck)
+    new_v.append(cv)
+  return x, tuple(new_k), tuple(new_v), (jnp.stack(seen) if collect else None)
 
 
 def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool):
@@ -139,7 +185,7 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
   if cache is None:
     causal = jnp.tril(jnp.ones((S, S), bool))
     mask = causal[None, :, :] & valid[:, None, :]
-    x, _, _, seen = _run_layers(params, x, cos, sin, mask, config, None, collect)
+    x, seen = _run_layers(params, x, cos, sin, mask, config, collect)
     new_cache = None
   else:
     index = cache.index.astype(jnp.int32)
@@ -149,13 +195,8 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
     query_slots = index + jnp.arange(S, dtype=jnp.int32)
     mask = (cache_positions[:, None, :] >= 0) & (slots[None, None, :] <= query_slots[None, :, None])
     cache = KVCache(k=cache.k, v=cache.v, positions=cache_positions, index=index)
-    x, ck, cv, seen = _run_layers(params, x, cos, sin, mask, config, cache, collect)
-    new_cache = KVCache(
-      k=ck.astype(cache.k.dtype),
-      v=cv.astype(cache.v.dtype),
-      positions=cache_positions,
-      index=index + S,
-    )
+    x, ck, cv, seen = _run_cached_layers(params, x, cos, sin, mask, config, cache, collect)
+    new_cache = KVCache(k=ck, v=cv, positions=cache_positions, index=index + S)
   out = L.rms_norm(x, params["final_norm"], eps=config.rms_norm_eps)
   return out, new_cache, seen
 

@@ -79,14 +79,19 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return out.astype(x.dtype)
 
 
+def _masked_softmax(scores: jax.Array, mask: jax.Array) -> jax.Array:
+  # where, not add: adding finfo.min to a large negative score would overflow to -inf.
+  return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+
+
+def _check_attention(q, mask, T):
+  B, S = q.shape[:2]
+  if mask.shape != (B, S, T):
+    raise ValueError(f"attention: mask {mask.shape}, expected {(B, S, T)}")
+
+
 def attention(
-  q: jax.Array,
-  k: jax.Array,
-  v: jax.Array,
-  mask: jax.Array,
-  *,
-  num_kv_heads: int,
-  kv_head_major: bool = False,
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, num_kv_heads: int
 ) -> jax.Array:
   """Grouped-query softmax attention (arXiv 2305.13245), softmax in float32.
 
@@ -94,8 +99,7 @@ def attention(
 
   Args:
     q: [B, S, N, H] queries.
-    k, v: [B, T, K, H] keys / values (T = S without a cache, S_max with one), or [B, K, T, H]
-      with ``kv_head_major=True`` (the KV-cache layout: no transpose of the cache is needed).
+    k, v: [B, T, K, H] keys / values.
     mask: [B, S, T] bool, True where query s may attend to key t. Fully masked rows give a
       uniform average of v (finite garbage): they only occur for padding queries.
   Returns:
@@ -103,35 +107,48 @@ def attention(
   """
   B, S, N, H = q.shape
   K = num_kv_heads
-  kv = "bkth" if kv_head_major else "btkh"
-  T = k.shape[kv.index("t")]
-  if k.shape[0] != B or (k.shape[kv.index("k")], k.shape[3]) != (K, H) or v.shape != k.shape:
-    raise ValueError(
-      f"attention: q {q.shape}, k {k.shape}, v {v.shape} with K={K} do not match ({kv} layout)"
-    )
-  if mask.shape != (B, S, T):
-    raise ValueError(f"attention: mask {mask.shape}, expected {(B, S, T)}")
+  if k.shape[0] != B or k.shape[2:] != (K, H) or v.shape != k.shape:
+    raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} with K={K} do not match")
+  _check_attention(q, mask, k.shape[1])
   G = N // K
-  scale = 1.0 / math.sqrt(H)
-  # where, not add: adding finfo.min to a large negative score would overflow to -inf.
-  neg = jnp.finfo(jnp.float32).min
-  if kv_head_major:
-    # The G * S queries of a kv head form one [G * S, H] matrix, so both products are plain
-    # batched matmuls over (b, k) that read the cache in place. (With the [B, S, K, G, H] einsum
-    # below, XLA:CPU laid out a decode step's (S = 1) probabilities so that the PV product became
-    # an unfused dot: ~0.2 ms per layer at B = 64, most of the step.)
-    qg = q.reshape(B, S, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, H)
-    scores = jnp.einsum("bkqh,bkth->bkqt", qg, k, preferred_element_type=jnp.float32) * scale
-    mask = jnp.broadcast_to(mask[:, None, None], (B, 1, G, S, T)).reshape(B, 1, G * S, T)
-    probs = jax.nn.softmax(jnp.where(mask, scores, neg), axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkqt,bkth->bkqh", probs, v, preferred_element_type=jnp.float32)
-    out = out.reshape(B, K, G, S, H).transpose(0, 3, 1, 2, 4)
-    return out.reshape(B, S, N, H).astype(q.dtype)
   qg = q.reshape(B, S, K, G, H)
-  scores = jnp.einsum("bskgh,btkh->bkgst", qg, k, preferred_element_type=jnp.float32) * scale
-  scores = jnp.where(mask[:, None, None, :, :], scores, neg)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  scores = jnp.einsum("bskgh,btkh->bkgst", qg, k, preferred_element_type=jnp.float32)
+  probs = _masked_softmax(scores * (1.0 / math.sqrt(H)), mask[:, None, None, :, :]).astype(v.dtype)
   out = jnp.einsum("bkgst,btkh->bskgh", probs, v, preferred_element_type=jnp.float32)
+  return out.reshape(B, S, N, H).astype(q.dtype)
+
+
+def cached_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, num_kv_heads: int
+) -> jax.Array:
+  """``attention`` over a layer's KV-cache buffers (layouts of ``rlvr_jax.model.cache.KVCache``).
+
+  The G * S queries of each kv head form one [G * S, H] matrix, so both products are plain batched
+  matmuls over (b, k), [G S, H] x [H, T] and [G S, T] x [T, H], that read the cache in place.
+
+  Args:
+    q: [B, S, N, H] queries.
+    k: [B, K, H, T] keys (transposed); v: [B, K, T, H] values.
+    mask: [B, S, T] bool, as in ``attention``.
+  Returns:
+    [B, S, N, H] in the dtype of ``q``.
+  """
+  B, S, N, H = q.shape
+  K = num_kv_heads
+  if k.shape[:3] != (B, K, H) or v.shape != (B, K, k.shape[3], H):
+    raise ValueError(
+      f"cached_attention: q {q.shape}, k {k.shape} (expected [B, K, H, T]), v {v.shape} "
+      f"(expected [B, K, T, H]) with K={K} do not match"
+    )
+  T = k.shape[3]
+  _check_attention(q, mask, T)
+  G = N // K
+  qg = q.reshape(B, S, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, H)
+  scores = jnp.einsum("bkqh,bkht->bkqt", qg, k, preferred_element_type=jnp.float32)
+  mask = jnp.broadcast_to(mask[:, None, None], (B, 1, G, S, T)).reshape(B, 1, G * S, T)
+  probs = _masked_softmax(scores * (1.0 / math.sqrt(H)), mask).astype(v.dtype)
+  out = jnp.einsum("bkqt,bkth->bkqh", probs, v, preferred_element_type=jnp.float32)
+  out = out.reshape(B, K, G, S, H).transpose(0, 3, 1, 2, 4)
   return out.reshape(B, S, N, H).astype(q.dtype)
 
 

@@ -3,7 +3,7 @@
 Flow of ``generate`` for P prompts and G samples each (B = P * G rows, group ordered):
 
   host:  left-padded prompts [P, S] -> re-pad to a length bucket S_b (bounds recompiles)
-  jit:   repeat rows G times -> prefill the cache with the prompts -> sample token 0
+  jit:   prefill the cache with the P prompts -> repeat its rows G times -> sample token 0
          while t < T and not all rows finished:  decode_step(previous token) -> sample token t
   out:   Rollout with tokens, sampler / model log-probs (float32), mask, lengths, flags, ids.
 
@@ -28,12 +28,40 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import sharding as sharding_lib
-from rlvr_jax.model import KVCache, ModelConfig, forward, init_cache, logits_from_hidden
+from rlvr_jax.model import (
+  KVCache,
+  ModelConfig,
+  forward,
+  init_cache,
+  logits_from_hidden,
+  unstack_layers,
+)
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling.strategies import Greedy, Strategy, per_row_log_probs
 from rlvr_jax.types import Rollout
 
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Powers of two and 1.5x powers of two: prompts are padded by at most a third (the prefill's cost
+# grows with the padded length) at the price of two compiled programs per octave of lengths.
+DEFAULT_BUCKETS = (
+  16,
+  24,
+  32,
+  48,
+  64,
+  96,
+  128,
+  192,
+  256,
+  384,
+  512,
+  768,
+  1024,
+  1536,
+  2048,
+  3072,
+  4096,
+)
+DEFAULT_BUCKETS += (6144, 8192)
 
 
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
@@ -64,10 +92,12 @@ def _constrain_rows(x: jax.Array) -> jax.Array:
 
 
 def _constrain_cache(cache: KVCache) -> KVCache:
-  """Rows of the cache (axis 1 of k/v, axis 0 of positions) over the data axes."""
-  swap = lambda a: jnp.moveaxis(_constrain_rows(jnp.moveaxis(a, 1, 0)), 0, 1)
+  """Rows of the cache (axis 0 of every buffer) over the data axes."""
   return KVCache(
-    k=swap(cache.k), v=swap(cache.v), positions=_constrain_rows(cache.positions), index=cache.index
+    k=tuple(map(_constrain_rows, cache.k)),
+    v=tuple(map(_constrain_rows, cache.v)),
+    positions=_constrain_rows(cache.positions),
+    index=cache.index,
   )
 
 
@@ -90,7 +120,7 @@ def prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
   """Runs the prompts through the model and fills a fresh KV cache.
 
   Args:
-    params: model params.
+    params: model params, stacked or ``unstack_layers``-ed (see ``decode_step``).
     tokens: [B, S] int32 left-padded prompt ids; mask: [B, S] bool, True on real tokens (the last
       column must be real for every row).
     config: model config; cache_len: S_max of the cache (>= S + new tokens).
@@ -107,7 +137,11 @@ def prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfig):
-  """One decode step with a donated cache: tokens [B], positions [B] -> (logits [B, V] f32, cache)."""
+  """One decode step with a donated cache: tokens [B], positions [B] -> (logits [B, V] f32, cache).
+
+  In a host loop pass ``model.unstack_layers(params, config)`` (once): with stacked params every
+  call copies each layer's weights out of the stack first.
+  """
   if tokens.shape != positions.shape or tokens.ndim != 1:
     raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} must both be [B]")
   return _decode(params, cache, tokens, positions, config=config)
@@ -164,8 +198,22 @@ def _generate(
   row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
   sample_ids = _constrain_rows(jnp.tile(jnp.arange(G, dtype=jnp.int32), P))
   row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
+  # Per-layer weights, sliced once here instead of out of the stack at every decode step.
+  params = unstack_layers(params, config)
 
-  logits, cache, start = _prefill(params, tokens0, mask0, config=config, cache_len=S + T)
+  # Each prompt is run through the model once; its cache rows, next-token logits and position are
+  # then repeated for its G samples (a G-times smaller prefill).
+  logits, cache, start = _prefill(
+    params, prompt_tokens, prompt_mask, config=config, cache_len=S + T
+  )
+  repeat = lambda a: _constrain_rows(jnp.repeat(a, G, axis=0))
+  logits, start = repeat(logits), repeat(start)
+  cache = KVCache(
+    k=tuple(map(repeat, cache.k)),
+    v=tuple(map(repeat, cache.v)),
+    positions=repeat(cache.positions),
+    index=cache.index,
+  )
 
   def record(state, t, logits):
     buf, done = state["buf"], state["done"]
