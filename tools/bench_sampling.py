@@ -8,7 +8,8 @@ no early stop (every row generates exactly ``--new-tokens`` tokens). For each mo
   * hf-static-compiled: static cache + ``torch.compile`` (skipped with the reason if it fails);
   * tokens/s = batch * new_tokens / wall time of the whole call (prefill included, short prompts);
   * host overhead of ours: the host time of a ``generate`` call (bucketing, transfers, jit dispatch:
-    the time until the asynchronous call returns) as a fraction of the call's wall time (= of an
+    the time until the asynchronous call returns; the PRNG key is made before the call, as a
+    trainer derives one per step) as a fraction of the call's wall time (= of an
     average decode step, since the decode loop itself runs on the device without host round
     trips); and, for contrast, the per-step time of a host-driven Python loop over ``decode_step``.
   * ours step ms: wall time of the compiled executable alone / new tokens.
@@ -96,10 +97,11 @@ def bench_ours(params, config, ids, mask, new_tokens):
   warm = dict(params, final_norm=jnp.zeros_like(params["final_norm"]))
   jax.block_until_ready(generate(warm, ids, mask, key=jax.random.key(0), stop_tokens=(0,), **kw))
   dispatch = []  # host time until generate returns (the device work runs asynchronously after)
+  key = jax.random.key(0)  # the caller's (a trainer derives one per step), not generate's cost
 
   def run():
     start = time.perf_counter()
-    out = generate(params, ids, mask, key=jax.random.key(0), stop_tokens=(), **kw)
+    out = generate(params, ids, mask, key=key, stop_tokens=(), **kw)
     dispatch.append(time.perf_counter() - start)
     return jax.block_until_ready(out)
 
