@@ -8,10 +8,12 @@ import pytest
 from rlvr_jax.model import (
   ModelConfig,
   forward,
+  forward_into_new_cache,
   init_cache,
   init_params,
   logits_from_hidden,
   unembed_matrix,
+  unstack_layers,
 )
 from rlvr_jax.model.config import UnsupportedModelError
 from rlvr_jax.model.layers import rope_inv_freq
@@ -65,6 +67,38 @@ def test_left_padded_rows_equal_unpadded():
 
 def _arange():
   return jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+
+
+def test_forward_into_new_cache_equals_forward_with_an_empty_cache():
+  """The prefill by the scan path (attention over the S prompt tokens) gives the hidden states and
+  the cache contents of the cached path (attention over S_max slots), with left padding, and
+  decoding continues from it identically; stacked and unstacked params give the same."""
+  params = _params(CONFIG)
+  tokens, positions, _ = _padded_batch()
+  ref, ref_cache = forward(
+    params, tokens, positions, config=CONFIG, cache=init_cache(CONFIG, B, S + 3)
+  )
+  valid = np.asarray(positions) >= 0  # padding outputs and their cache slots are garbage
+  for p in (params, unstack_layers(params, CONFIG)):
+    out, cache = forward_into_new_cache(p, tokens, positions, config=CONFIG, max_len=S + 3)
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(ref)[valid], atol=1e-5, rtol=1e-5)
+    assert int(cache.index) == S and cache.max_len == S + 3
+    np.testing.assert_array_equal(np.asarray(cache.positions), np.asarray(ref_cache.positions))
+    filled = np.asarray(cache.positions) >= 0
+    for a, b in zip(cache.k, ref_cache.k, strict=True):  # [B, K, H, S_max]
+      assert a.shape == b.shape
+      a, b = (np.moveaxis(np.asarray(x), 3, 1)[filled] for x in (a, b))
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(cache.v, ref_cache.v, strict=True):  # [B, K, S_max, H]
+      assert a.shape == b.shape
+      a, b = (np.moveaxis(np.asarray(x), 2, 1)[filled] for x in (a, b))
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    step = dict(tokens=jnp.full((B, 1), 5, jnp.int32), positions=positions[:, -1:] + 1)
+    got, _ = forward(p, step["tokens"], step["positions"], config=CONFIG, cache=cache)
+    want, _ = forward(params, step["tokens"], step["positions"], config=CONFIG, cache=ref_cache)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="do not fit"):
+    forward_into_new_cache(params, tokens, positions, config=CONFIG, max_len=S - 1)
 
 
 def test_kv_cache_prefill_then_token_by_token_equals_full_forward():

@@ -125,10 +125,10 @@ def bench_ours(params, config, ids, mask, new_tokens):
 
   # A host-driven loop over the donated decode_step, for contrast (per decode step).
   steps = min(new_tokens, 32)
-  params = unstack_layers(params, config)  # once, as generate does inside
   logits, cache, positions = prefill(
     params, tokens_b, mask_b, config=config, cache_len=tokens_b.shape[1] + steps + 1
   )
+  params = unstack_layers(params, config)  # once, as generate does before its decode loop
   tok = jnp.argmax(logits, -1).astype(jnp.int32)
   logits, cache = decode_step(params, cache, tok, positions, config=config)  # compile
   jax.block_until_ready(logits)

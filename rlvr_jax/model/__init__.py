@@ -3,7 +3,7 @@
 Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
-  KVCache, init_cache, forward, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
+  KVCache, init_cache, forward, forward_into_new_cache, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
   unstack_layers, layer_params,
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
@@ -15,6 +15,7 @@ from rlvr_jax.model.cache import KVCache, cache_logical_axes, cache_shardings, i
 from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
 from rlvr_jax.model.decoder import (
   forward,
+  forward_into_new_cache,
   hidden_states_per_layer,
   layer_params,
   logits_from_hidden,
@@ -63,6 +64,7 @@ __all__ = [
   "check_params",
   "count_params",
   "forward",
+  "forward_into_new_cache",
   "hidden_states_per_layer",
   "init_cache",
   "init_params",

@@ -131,18 +131,44 @@ def _check_inputs(params: Params, tokens, positions, config: ModelConfig, cache)
       raise ValueError(f"{S} new tokens do not fit a cache of length {cache.max_len}")
 
 
-def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool):
-  """Scans the stacked layers (no cache). Returns (x, per-layer inputs or None)."""
+def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool, keep_kv=False):
+  """Scans the stacked layers (no cache).
+
+  Returns (x, per-layer inputs [L, B, S, D] or None, (keys, values) [L, B, S, K, H] or None).
+  """
   K, eps = config.num_kv_heads, config.rms_norm_eps
 
   def layer(x, lp):
     q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
     attn = L.attention(q, k, v, mask, num_kv_heads=K)
-    return _block_tail(lp, x, attn, config), (x if collect else None)
+    return _block_tail(lp, x, attn, config), (x if collect else None, (k, v) if keep_kv else None)
 
   if config.remat:
     layer = jax.checkpoint(layer)
-  return jax.lax.scan(layer, x, _stacked(params, config))
+  x, (seen, kv) = jax.lax.scan(layer, x, _stacked(params, config))
+  return x, seen, kv
+
+
+def _cache_from_prompt(kv, positions, max_len: int, dtype) -> KVCache:
+  """A cache holding the prompt's keys / values ([L, B, S, K, H]) at slots [0, S), index S."""
+  keys, values = kv
+  S = positions.shape[1]
+  if S > max_len:
+    raise ValueError(f"{S} prompt tokens do not fit a cache of length {max_len}")
+  pad = max_len - S
+  k = tuple(
+    jnp.pad(a.transpose(0, 2, 3, 1), ((0, 0),) * 3 + ((0, pad),)) for a in keys.astype(dtype)
+  )
+  v = tuple(
+    jnp.pad(a.swapaxes(1, 2), ((0, 0),) * 2 + ((0, pad), (0, 0))) for a in values.astype(dtype)
+  )
+  stored = jnp.where(positions >= 0, positions, -1)
+  return KVCache(
+    k=k,
+    v=v,
+    positions=jnp.pad(stored, ((0, 0), (0, pad)), constant_values=-1),
+    index=jnp.asarray(S, jnp.int32),
+  )
 
 
 def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KVCache, collect):
@@ -173,7 +199,9 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   return x, tuple(new_k), tuple(new_v), (jnp.stack(seen) if collect else None)
 
 
-def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool):
+def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool, new_cache=None):
+  """The decoder. ``new_cache`` = (max_len, dtype): run without a cache and return a fresh one
+  holding the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path)."""
   _check_inputs(params, tokens, positions, config, cache)
   dtype = jnp.dtype(config.dtype)
   tokens = tokens.astype(jnp.int32)
@@ -185,8 +213,9 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
   if cache is None:
     causal = jnp.tril(jnp.ones((S, S), bool))
     mask = causal[None, :, :] & valid[:, None, :]
-    x, seen = _run_layers(params, x, cos, sin, mask, config, collect)
-    new_cache = None
+    x, seen, kv = _run_layers(params, x, cos, sin, mask, config, collect, new_cache is not None)
+    if new_cache is not None:
+      new_cache = _cache_from_prompt(kv, positions, *new_cache)
   else:
     index = cache.index.astype(jnp.int32)
     stored = jnp.where(valid, positions, -1)
@@ -234,6 +263,31 @@ def forward(
   if return_logits:
     out = logits_from_hidden(params, out, config)
   return out, new_cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_len", "cache_dtype"))
+def forward_into_new_cache(
+  params: Params,
+  tokens: jax.Array,
+  positions: jax.Array,
+  *,
+  config: ModelConfig,
+  max_len: int,
+  cache_dtype: str | None = None,
+) -> tuple[jax.Array, KVCache]:
+  """``forward`` of S tokens with an empty cache of length ``max_len``, by the no-cache path.
+
+  Same result as ``forward(params, tokens, positions, config=config, cache=init_cache(config, B,
+  max_len))`` (to float rounding), but the layers run as the stacked ``scan`` and attention spans
+  the S tokens only, not the ``max_len`` slots; the keys / values are then laid into a fresh cache.
+  This is the prefill: the decode steps that follow use ``forward`` with the cache.
+
+  Returns:
+    (hidden [B, S, D] after the final norm, cache with slots [0, S) filled and index S).
+  """
+  dtype = jnp.dtype(config.dtype if cache_dtype is None else cache_dtype)
+  out, cache, _ = _forward(params, tokens, positions, config, None, False, (max_len, dtype))
+  return out, cache
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

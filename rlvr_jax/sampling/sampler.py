@@ -32,7 +32,7 @@ from rlvr_jax.model import (
   KVCache,
   ModelConfig,
   forward,
-  init_cache,
+  forward_into_new_cache,
   logits_from_hidden,
   unstack_layers,
 )
@@ -103,8 +103,10 @@ def _constrain_cache(cache: KVCache) -> KVCache:
 
 def _prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
   positions = prompt_positions(mask)
-  cache = _constrain_cache(init_cache(config, tokens.shape[0], cache_len))
-  hidden, cache = forward(params, tokens, positions, config=config, cache=cache)
+  hidden, cache = forward_into_new_cache(
+    params, tokens, positions, config=config, max_len=cache_len
+  )
+  cache = _constrain_cache(cache)
   # Left padding: the last column is every row's last prompt token.
   logits = logits_from_hidden(params, hidden[:, -1, :], config)
   return logits, cache, positions[:, -1] + 1
@@ -140,7 +142,8 @@ def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfi
   """One decode step with a donated cache: tokens [B], positions [B] -> (logits [B, V] f32, cache).
 
   In a host loop pass ``model.unstack_layers(params, config)`` (once): with stacked params every
-  call copies each layer's weights out of the stack first.
+  call copies each layer's weights out of the stack first. (``prefill`` runs the stacked layer
+  scan: give it the stacked params; unstacked ones are re-stacked.)
   """
   if tokens.shape != positions.shape or tokens.ndim != 1:
     raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} must both be [B]")
@@ -198,14 +201,14 @@ def _generate(
   row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
   sample_ids = _constrain_rows(jnp.tile(jnp.arange(G, dtype=jnp.int32), P))
   row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
-  # Per-layer weights, sliced once here instead of out of the stack at every decode step.
-  params = unstack_layers(params, config)
-
-  # Each prompt is run through the model once; its cache rows, next-token logits and position are
-  # then repeated for its G samples (a G-times smaller prefill).
+  # Each prompt is run through the model once (the stacked layer scan); its cache rows, next-token
+  # logits and position are then repeated for its G samples (a G-times smaller prefill).
   logits, cache, start = _prefill(
     params, prompt_tokens, prompt_mask, config=config, cache_len=S + T
   )
+  # Per-layer weights for the decode loop, sliced once here instead of out of the stack at every
+  # decode step.
+  params = unstack_layers(params, config)
   repeat = lambda a: _constrain_rows(jnp.repeat(a, G, axis=0))
   logits, start = repeat(logits), repeat(start)
   cache = KVCache(
