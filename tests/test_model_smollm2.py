@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax.model import forward, init_cache, load_smollm2
-from rlvr_jax.model.smollm2 import smollm2_gguf_path
+from rlvr_jax.model.smollm2 import SMOLLM2_SHAPES, smollm2_gguf_path
 from rlvr_jax.model.tokenizer import positions_from_mask
 
 torch = pytest.importorskip("torch")
@@ -45,6 +45,7 @@ def _encode(tokenizer):
 
 def test_config_and_tokenizer(models):
   _, config, tokenizer, hf = models
+  assert {k: getattr(config, k) for k in SMOLLM2_SHAPES} == SMOLLM2_SHAPES
   assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == (
     30,
     576,

@@ -32,19 +32,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rlvr_jax.model import ModelConfig, init_params, unstack_layers  # noqa: E402
+from rlvr_jax.model.smollm2 import SMOLLM2_SHAPES  # noqa: E402
 from rlvr_jax.sampling import decode_step, prefill  # noqa: E402
-
-SMOLLM2_SHAPES = dict(
-  vocab_size=49152,
-  hidden_size=576,
-  intermediate_size=1536,
-  num_layers=30,
-  num_heads=9,
-  num_kv_heads=3,
-  head_dim=64,
-  max_position_embeddings=2048,
-  tie_word_embeddings=True,
-)
 
 
 def best(fn, repeats: int) -> float:
@@ -115,7 +104,7 @@ def main():
   parser.add_argument("--new-tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
-  config = ModelConfig.tiny(**SMOLLM2_SHAPES)
+  config = ModelConfig.tiny(**SMOLLM2_SHAPES, max_position_embeddings=2048)
   params = init_params(config, jax.random.key(0))
   mb = sum(a.nbytes for a in jax.tree.leaves(params)) / 1e6
   print(

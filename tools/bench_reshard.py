@@ -30,6 +30,7 @@ import jax  # noqa: E402
 
 from rlvr_jax import model  # noqa: E402
 from rlvr_jax import sharding as S  # noqa: E402
+from rlvr_jax.model.smollm2 import SMOLLM2_SHAPES  # noqa: E402
 
 MODELS = {
   "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=256, num_layers=2),
@@ -42,16 +43,7 @@ MODELS = {
     num_kv_heads=4,
     head_dim=64,
   ),
-  "smollm2": dict(  # SmolLM2-135M shapes (random weights)
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_layers=30,
-    num_heads=9,
-    num_kv_heads=3,
-    head_dim=64,
-    tie_word_embeddings=True,
-  ),
+  "smollm2": SMOLLM2_SHAPES,  # random weights of SmolLM2-135M's shapes
 }
 
 

@@ -70,6 +70,21 @@ def smollm2_tokenizer() -> Tokenizer:
   return tokenizer
 
 
+# SmolLM2-135M-Instruct's architecture as ``ModelConfig.tiny(**SMOLLM2_SHAPES)`` keyword arguments:
+# random weights of the real shapes for benchmarks that do not need the checkpoint (a slow test
+# checks them against the loaded config).
+SMOLLM2_SHAPES = dict(
+  vocab_size=49152,
+  hidden_size=576,
+  intermediate_size=1536,
+  num_layers=30,
+  num_heads=9,
+  num_kv_heads=3,
+  head_dim=64,
+  tie_word_embeddings=True,
+)
+
+
 def load_smollm2(
   dtype: str = "float32", *, shardings: Any = None, mesh=None, rules=None
 ) -> tuple[dict[str, Any], ModelConfig, Tokenizer]:
