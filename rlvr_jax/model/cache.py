@@ -46,9 +46,16 @@ class KVCache:
   def batch_size(self) -> int:
     return self.positions.shape[0]
 
-  @property
-  def dtype(self) -> jnp.dtype:
-    return self.k[0].dtype
+
+def kv_shapes(config: ModelConfig, batch_size: int, max_len: int) -> tuple[tuple, tuple]:
+  """Shapes of one layer's key and value buffers: ([B, K, H, S_max], [B, K, S_max, H])."""
+  B, K, H = batch_size, config.num_kv_heads, config.head_dim
+  return (B, K, H, max_len), (B, K, max_len, H)
+
+
+def to_cache_layout(k: jax.Array, v: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+  """New keys / values [B, S, K, H] -> one layer's buffer layouts [B, K, H, S] and [B, K, S, H]."""
+  return k.transpose(0, 2, 3, 1).astype(dtype), jnp.swapaxes(v, 1, 2).astype(dtype)
 
 
 def init_cache(
@@ -56,10 +63,10 @@ def init_cache(
 ) -> KVCache:
   """An empty cache: zeros for k/v, all positions -1, index 0."""
   dtype = jnp.dtype(config.dtype if dtype is None else dtype)
-  B, K, H, L = batch_size, config.num_kv_heads, config.head_dim, config.num_layers
+  k_shape, v_shape = kv_shapes(config, batch_size, max_len)
   return KVCache(
-    k=tuple(jnp.zeros((B, K, H, max_len), dtype) for _ in range(L)),
-    v=tuple(jnp.zeros((B, K, max_len, H), dtype) for _ in range(L)),
+    k=tuple(jnp.zeros(k_shape, dtype) for _ in range(config.num_layers)),
+    v=tuple(jnp.zeros(v_shape, dtype) for _ in range(config.num_layers)),
     positions=jnp.full((batch_size, max_len), -1, jnp.int32),
     index=jnp.zeros((), jnp.int32),
   )

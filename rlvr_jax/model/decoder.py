@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.model import layers as L
-from rlvr_jax.model.cache import KVCache
+from rlvr_jax.model.cache import KVCache, kv_shapes, to_cache_layout
 from rlvr_jax.model.config import ModelConfig
 
 Params = dict[str, Any]
@@ -115,8 +115,7 @@ def _check_inputs(params: Params, tokens, positions, config: ModelConfig, cache)
     )
   if cache is not None:
     B, S = tokens.shape
-    expected_k = (B, config.num_kv_heads, config.head_dim, cache.max_len)
-    expected_v = (B, config.num_kv_heads, cache.max_len, config.head_dim)
+    expected_k, expected_v = kv_shapes(config, B, cache.max_len)
     if (
       cache.num_layers != config.num_layers
       or any(k.shape != expected_k for k in cache.k)
@@ -149,23 +148,17 @@ def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool, k
   return x, seen, kv
 
 
-def _cache_from_prompt(kv, positions, max_len: int, dtype) -> KVCache:
-  """A cache holding the prompt's keys / values ([L, B, S, K, H]) at slots [0, S), index S."""
-  keys, values = kv
-  S = positions.shape[1]
+def _cache_from_prompt(kv, stored, max_len: int, dtype) -> KVCache:
+  """A cache holding the prompt's keys / values ([L, B, S, K, H]) and stored positions [B, S]
+  (-1 on padding) at slots [0, S), index S."""
+  S = stored.shape[1]
   if S > max_len:
     raise ValueError(f"{S} prompt tokens do not fit a cache of length {max_len}")
   pad = max_len - S
-  k = tuple(
-    jnp.pad(a.transpose(0, 2, 3, 1), ((0, 0),) * 3 + ((0, pad),)) for a in keys.astype(dtype)
-  )
-  v = tuple(
-    jnp.pad(a.swapaxes(1, 2), ((0, 0),) * 2 + ((0, pad), (0, 0))) for a in values.astype(dtype)
-  )
-  stored = jnp.where(positions >= 0, positions, -1)
+  layers = [to_cache_layout(k, v, dtype) for k, v in zip(*kv, strict=True)]
   return KVCache(
-    k=k,
-    v=v,
+    k=tuple(jnp.pad(k, ((0, 0),) * 3 + ((0, pad),)) for k, _ in layers),
+    v=tuple(jnp.pad(v, ((0, 0),) * 2 + ((0, pad), (0, 0))) for _, v in layers),
     positions=jnp.pad(stored, ((0, 0), (0, pad)), constant_values=-1),
     index=jnp.asarray(S, jnp.int32),
   )
@@ -184,14 +177,10 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   for lp, ck, cv in zip(layer_params(params, config), cache.k, cache.v, strict=True):
     seen.append(x)
     q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
-    # New entries [B, S, K, H] -> [B, K, H, S] (keys) and [B, K, S, H] (values): only these small
-    # blocks are transposed, never the cache.
-    ck = jax.lax.dynamic_update_slice(
-      ck, k.transpose(0, 2, 3, 1).astype(ck.dtype), (zero,) * 3 + (index,)
-    )
-    cv = jax.lax.dynamic_update_slice(
-      cv, jnp.swapaxes(v, 1, 2).astype(cv.dtype), (zero, zero, index, zero)
-    )
+    # Only the S new entries are transposed into the buffer layouts, never the cache.
+    k, v = to_cache_layout(k, v, ck.dtype)
+    ck = jax.lax.dynamic_update_slice(ck, k, (zero,) * 3 + (index,))
+    cv = jax.lax.dynamic_update_slice(cv, v, (zero, zero, index, zero))
     attn = L.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, num_kv_heads=K)
     x = _block_tail(lp, x, attn, config)
     new_k.append(ck)
@@ -199,9 +188,9 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   return x, tuple(new_k), tuple(new_v), (jnp.stack(seen) if collect else None)
 
 
-def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool, new_cache=None):
-  """The decoder. ``new_cache`` = (max_len, dtype): run without a cache and return a fresh one
-  holding the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path)."""
+def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool, fill=None):
+  """The decoder. ``fill`` = (max_len, dtype): run without a cache and return a fresh one holding
+  the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path)."""
   _check_inputs(params, tokens, positions, config, cache)
   dtype = jnp.dtype(config.dtype)
   tokens = tokens.astype(jnp.int32)
@@ -210,15 +199,16 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
   x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(dtype)
   cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(config))
   valid = positions >= 0
+  stored = jnp.where(valid, positions, -1)  # the positions a cache keeps: -1 on padding
+  new_cache = None
   if cache is None:
     causal = jnp.tril(jnp.ones((S, S), bool))
     mask = causal[None, :, :] & valid[:, None, :]
-    x, seen, kv = _run_layers(params, x, cos, sin, mask, config, collect, new_cache is not None)
-    if new_cache is not None:
-      new_cache = _cache_from_prompt(kv, positions, *new_cache)
+    x, seen, kv = _run_layers(params, x, cos, sin, mask, config, collect, fill is not None)
+    if fill is not None:
+      new_cache = _cache_from_prompt(kv, stored, *fill)
   else:
     index = cache.index.astype(jnp.int32)
-    stored = jnp.where(valid, positions, -1)
     cache_positions = jax.lax.dynamic_update_slice(cache.positions, stored, (0, index))
     slots = jnp.arange(cache.max_len, dtype=jnp.int32)
     query_slots = index + jnp.arange(S, dtype=jnp.int32)

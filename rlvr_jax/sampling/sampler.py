@@ -40,28 +40,10 @@ from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling.strategies import Greedy, Strategy, per_row_log_probs
 from rlvr_jax.types import Rollout
 
-# Powers of two and 1.5x powers of two: prompts are padded by at most a third (the prefill's cost
-# grows with the padded length) at the price of two compiled programs per octave of lengths.
-DEFAULT_BUCKETS = (
-  16,
-  24,
-  32,
-  48,
-  64,
-  96,
-  128,
-  192,
-  256,
-  384,
-  512,
-  768,
-  1024,
-  1536,
-  2048,
-  3072,
-  4096,
-)
-DEFAULT_BUCKETS += (6144, 8192)
+# Powers of two and 1.5x powers of two, 16, 24, 32, 48, ..., 6144, 8192: prompts are padded by at
+# most a third (the prefill's cost grows with the padded length) at the price of two compiled
+# programs per octave of lengths.
+DEFAULT_BUCKETS = tuple(b for p in range(3, 13) for b in (2 * 2**p, 3 * 2**p) if b <= 8192)
 
 
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
@@ -91,14 +73,19 @@ def _constrain_rows(x: jax.Array) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, spec)
 
 
-def _constrain_cache(cache: KVCache) -> KVCache:
-  """Rows of the cache (axis 0 of every buffer) over the data axes."""
+def _map_cache_rows(fn, cache: KVCache) -> KVCache:
+  """``fn`` applied to every row-major cache array (each k / v buffer and the positions)."""
   return KVCache(
-    k=tuple(map(_constrain_rows, cache.k)),
-    v=tuple(map(_constrain_rows, cache.v)),
-    positions=_constrain_rows(cache.positions),
+    k=tuple(map(fn, cache.k)),
+    v=tuple(map(fn, cache.v)),
+    positions=fn(cache.positions),
     index=cache.index,
   )
+
+
+def _constrain_cache(cache: KVCache) -> KVCache:
+  """Rows of the cache (axis 0 of every buffer) over the data axes."""
+  return _map_cache_rows(_constrain_rows, cache)
 
 
 def _prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
@@ -210,13 +197,7 @@ def _generate(
   # decode step.
   params = unstack_layers(params, config)
   repeat = lambda a: _constrain_rows(jnp.repeat(a, G, axis=0))
-  logits, start = repeat(logits), repeat(start)
-  cache = KVCache(
-    k=tuple(map(repeat, cache.k)),
-    v=tuple(map(repeat, cache.v)),
-    positions=repeat(cache.positions),
-    index=cache.index,
-  )
+  logits, start, cache = repeat(logits), repeat(start), _map_cache_rows(repeat, cache)
 
   def record(state, t, logits):
     buf, done = state["buf"], state["done"]
