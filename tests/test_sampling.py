@@ -216,6 +216,50 @@ def test_same_samples_on_one_device_and_on_8_device_mesh(params, shape):
   )
 
 
+def test_cache_phases_schedule():
+  """Phase lengths come from the bucket ladder, leave >= min_steps steps on each side, end at S+T."""
+  assert sampler.cache_phases(48, 128) == (96, 128, 176)
+  assert sampler.cache_phases(48, 128, min_steps=0) == (176,)
+  assert sampler.cache_phases(16, 10) == (26,)  # too short to split
+  assert sampler.cache_phases(16, 20, min_steps=2) == (24, 32, 36)
+  for S in (16, 24, 48, 96):
+    for T in (1, 7, 64, 100, 1000):
+      for m in (1, 8, 32):
+        phases = sampler.cache_phases(S, T, min_steps=m)
+        assert phases[-1] == S + T
+        steps = np.diff((S, *phases))
+        assert len(phases) == 1 or steps.min() >= m, (S, T, m, phases)
+
+
+@pytest.mark.parametrize("shape", [None, (2, 2, 2)], ids=["one_device", "data2_fsdp2_tensor2"])
+def test_growing_cache_phases_give_the_same_rollout(params, shape):
+  """Decoding in phases (the cache grown twice on the way) samples what one full-length cache
+  does, rows that stop early included, and keeps log-prob parity with a full forward pass."""
+  prompts = _prompts(4, seed=17)
+  kw = dict(max_new_tokens=20, stop_tokens=(3, 4, 5))
+  assert sampler.cache_phases(16, 20, min_steps=2) == (24, 32, 36)
+  one = _generate(params, prompts, COMBINED, phase_steps=0, **kw)
+  if shape is None:
+    phased = _generate(params, prompts, COMBINED, phase_steps=2, **kw)
+  else:
+    mesh = sharding_lib.make_mesh(*shape)
+    with jax.set_mesh(mesh):
+      placed = jax.device_put(params, param_shardings(CONFIG, mesh, sharding_lib.SAMPLE_RULES))
+      phased = _generate(placed, prompts, COMBINED, phase_steps=2, **kw)
+    assert not phased.tokens.sharding.is_fully_replicated
+  lengths = np.asarray(one.lengths)
+  # Phase 1 (24 slots) samples tokens 0..8, phase 3 (36 slots) tokens 17..19.
+  assert lengths.min() <= 9 and lengths.max() > 17  # rows end in the first and the last phase
+  for name in ("tokens", "completion_mask", "lengths", "finished"):
+    np.testing.assert_array_equal(np.asarray(getattr(phased, name)), np.asarray(getattr(one, name)))
+  for name in ("sampler_logp", "model_logp", "sampler_threshold"):
+    np.testing.assert_allclose(
+      np.asarray(getattr(phased, name)), np.asarray(getattr(one, name)), atol=1e-5
+    )
+  gaps = logprob_parity(params, phased, config=CONFIG, strategy=COMBINED)
+  assert float(gaps["sampler_logp_gap/max"]) <= 1e-5 and float(gaps["model_logp_gap/max"]) <= 1e-5
+
+
 def test_no_recompilation_within_a_bucket(params):
   """Different prompts, lengths (same bucket), keys and steps reuse one compiled program."""
   strategy = Temperature(0.6)

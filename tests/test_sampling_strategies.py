@@ -244,3 +244,20 @@ def test_inverse_cdf_sample_stays_in_the_support():
   counts = np.bincount(draws, minlength=7)
   assert counts[[0, 2, 5, 6]].sum() == 0
   assert chi_square_pvalue(counts, [0, 0.5, 0, 0.25, 0.25, 0, 0]) > 1e-3
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 128])
+def test_inverse_cdf_sample_blocks_equal_a_plain_inversion(block):
+  """Dyadic probabilities make every partial sum exact, so the blocked search must return exactly
+  the first token whose cumulative probability exceeds u (u drawn from the same key), whatever the
+  block size: blocks of one token, blocks straddling dropped tokens, a padded last block."""
+  from rlvr_jax.sampling.strategies import NEG, inverse_cdf_sample
+
+  probs = np.array([0.0, 0.5, 0.0, 0.125, 0.125, 0.0, 0.25, 0.0, 0.0], np.float32)
+  logp = jnp.where(probs > 0, jnp.log(jnp.asarray(probs)), NEG)
+  keys = jax.random.split(jax.random.key(2), 3000)
+  draw = jax.jit(jax.vmap(lambda k: inverse_cdf_sample(k, logp, block=block)))
+  u = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys))
+  expected = np.argmax((np.cumsum(probs)[None, :] > u[:, None]) & (probs > 0)[None, :], axis=1)
+  np.testing.assert_array_equal(np.asarray(draw(keys)), expected)
+  assert set(np.unique(expected)) == {1, 3, 4, 6}  # every kept token was drawn

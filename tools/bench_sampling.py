@@ -113,6 +113,7 @@ def bench_ours(params, config, ids, mask, new_tokens):
   args = [jax.device_put(a) for a in (tokens_b, mask_b, np.arange(ids.shape[0], dtype=np.int32))]
   stops = jax.device_put(np.full((8,), -1, np.int32))
   static = {k: kw[k] for k in ("config", "strategy", "num_samples", "max_new_tokens", "pad_id")}
+  static["phases"] = sampler_lib.cache_phases(tokens_b.shape[1], new_tokens)
   compiled = sampler_lib.generate_jit.lower(
     params, *args, jax.random.key(0), stops, **static
   ).compile()

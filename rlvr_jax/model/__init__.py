@@ -3,7 +3,7 @@
 Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
-  KVCache, init_cache, forward, forward_into_new_cache, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
+  KVCache, init_cache, grow_cache, forward, forward_into_new_cache, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
   unstack_layers, layer_params,
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
@@ -11,7 +11,13 @@ Loading, export and the tokenizer import ``transformers`` / ``safetensors`` / ``
 ``import rlvr_jax.model`` stays light.
 """
 
-from rlvr_jax.model.cache import KVCache, cache_logical_axes, cache_shardings, init_cache
+from rlvr_jax.model.cache import (
+  KVCache,
+  cache_logical_axes,
+  cache_shardings,
+  grow_cache,
+  init_cache,
+)
 from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
 from rlvr_jax.model.decoder import (
   forward,
@@ -65,6 +71,7 @@ __all__ = [
   "count_params",
   "forward",
   "forward_into_new_cache",
+  "grow_cache",
   "hidden_states_per_layer",
   "init_cache",
   "init_params",

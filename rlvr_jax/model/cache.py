@@ -72,6 +72,23 @@ def init_cache(
   )
 
 
+def grow_cache(cache: KVCache, max_len: int) -> KVCache:
+  """``cache`` with its slots extended to ``max_len`` (new slots empty: zeros, position -1).
+
+  Copies every buffer once; ``sampling.generate`` grows its cache between decode phases so that
+  each step attends over the slots filled so far rather than all ``S + T``.
+  """
+  pad = max_len - cache.max_len
+  if pad < 0:
+    raise ValueError(f"cannot shrink a cache of length {cache.max_len} to {max_len}")
+  return KVCache(
+    k=tuple(jnp.pad(k, ((0, 0),) * 3 + ((0, pad),)) for k in cache.k),
+    v=tuple(jnp.pad(v, ((0, 0),) * 2 + ((0, pad), (0, 0))) for v in cache.v),
+    positions=jnp.pad(cache.positions, ((0, 0), (0, pad)), constant_values=-1),
+    index=cache.index,
+  )
+
+
 def cache_logical_axes(num_layers: int) -> KVCache:
   """Logical axes of each cache field (for ``rlvr_jax.sharding`` rules)."""
   k = ("batch", "kv_heads", "head_dim", "seq")

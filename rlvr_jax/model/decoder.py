@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.model import layers as L
-from rlvr_jax.model.cache import KVCache, kv_shapes, to_cache_layout
+from rlvr_jax.model.cache import KVCache, grow_cache, kv_shapes, to_cache_layout
 from rlvr_jax.model.config import ModelConfig
 
 Params = dict[str, Any]
@@ -154,14 +154,14 @@ def _cache_from_prompt(kv, stored, max_len: int, dtype) -> KVCache:
   S = stored.shape[1]
   if S > max_len:
     raise ValueError(f"{S} prompt tokens do not fit a cache of length {max_len}")
-  pad = max_len - S
   layers = [to_cache_layout(k, v, dtype) for k, v in zip(*kv, strict=True)]
-  return KVCache(
-    k=tuple(jnp.pad(k, ((0, 0),) * 3 + ((0, pad),)) for k, _ in layers),
-    v=tuple(jnp.pad(v, ((0, 0),) * 2 + ((0, pad), (0, 0))) for _, v in layers),
-    positions=jnp.pad(stored, ((0, 0), (0, pad)), constant_values=-1),
+  cache = KVCache(
+    k=tuple(k for k, _ in layers),
+    v=tuple(v for _, v in layers),
+    positions=stored,
     index=jnp.asarray(S, jnp.int32),
   )
+  return grow_cache(cache, max_len)
 
 
 def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KVCache, collect):

@@ -33,6 +33,7 @@ from rlvr_jax.model import (
   ModelConfig,
   forward,
   forward_into_new_cache,
+  grow_cache,
   logits_from_hidden,
   unstack_layers,
 )
@@ -46,12 +47,39 @@ from rlvr_jax.types import Rollout
 DEFAULT_BUCKETS = tuple(b for p in range(3, 13) for b in (2 * 2**p, 3 * 2**p) if b <= 8192)
 
 
+# Minimum decode steps per cache phase of ``generate`` (see ``cache_phases``).
+DEFAULT_PHASE_STEPS = 32
+
+
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
   """The smallest bucket >= ``length`` (prompt lengths are padded up to it)."""
   for b in sorted(buckets):
     if b >= length:
       return int(b)
   raise ValueError(f"prompt length {length} exceeds the largest bucket {max(buckets)}")
+
+
+def cache_phases(
+  prompt_len: int, max_new_tokens: int, *, min_steps: int | None = DEFAULT_PHASE_STEPS
+) -> tuple[int, ...]:
+  """Cache lengths of ``generate``'s decode phases, increasing, the last = prompt_len + T.
+
+  A decode step attends over every slot of its cache, filled or not, so ``generate`` starts with a
+  short cache and grows it (``model.grow_cache``, one copy) when the next token would not fit:
+  phase lengths are the ``DEFAULT_BUCKETS`` values (powers of two and 1.5x) that leave at least
+  ``min_steps`` decode steps both in the phase they end and in the rest of the completion. Each
+  phase is one more compiled decode body; ``min_steps`` None or 0 gives a single phase (a cache of
+  prompt_len + T slots from the start).
+  """
+  final = prompt_len + max_new_tokens
+  if not min_steps:
+    return (final,)
+  lengths = []
+  for b in DEFAULT_BUCKETS:
+    last = lengths[-1] if lengths else prompt_len
+    if b - last >= min_steps and final - b >= min_steps:
+      lengths.append(b)
+  return (*lengths, final)
 
 
 def prompt_positions(mask: jax.Array) -> jax.Array:
@@ -142,16 +170,21 @@ def _sample(strategy: Strategy, logits, row_keys, t, temperatures=None):
 
   ``temperatures`` [B] (optional) replaces the strategy's temperature per row; 0 = greedy row.
   """
-  if temperatures is None:
-    logp, threshold = strategy.log_probs(logits)
-  else:
-    logp, threshold = per_row_log_probs(strategy, logits, temperatures)
-  # Greedy rows of a mixed batch have a point-mass logp: sampling it returns the argmax.
-  tokens = jax.vmap(strategy.sample)(keys_lib.position_keys(row_keys, t), logp)
-  pick = lambda a: jnp.take_along_axis(a, tokens[:, None], axis=-1)[:, 0]
+  pick = lambda a, tokens: jnp.take_along_axis(a, tokens[:, None], axis=-1)[:, 0]
   logits = logits.astype(jnp.float32)
-  model_logp = pick(logits) - jax.nn.logsumexp(logits, axis=-1)
-  return tokens, pick(logp), model_logp, threshold
+  if temperatures is None and isinstance(strategy, Greedy):
+    tokens, threshold = strategy.choose(logits)
+    sampler_logp = jnp.zeros(tokens.shape, jnp.float32)  # a point mass
+  else:
+    if temperatures is None:
+      logp, threshold = strategy.log_probs(logits)
+    else:
+      logp, threshold = per_row_log_probs(strategy, logits, temperatures)
+    # Greedy rows of a mixed batch have a point-mass logp: sampling it returns the argmax.
+    tokens = jax.vmap(strategy.sample)(keys_lib.position_keys(row_keys, t), logp)
+    sampler_logp = pick(logp, tokens)
+  model_logp = pick(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
+  return tokens, sampler_logp, model_logp, threshold
 
 
 def _generate(
@@ -168,9 +201,11 @@ def _generate(
   num_samples: int,
   max_new_tokens: int,
   pad_id: int,
+  phases: tuple[int, ...],
 ) -> Rollout:
   """The jitted body of ``generate``: prompts [P, S] (bucketed), prompt_ids [P], typed key [],
-  stop_tokens [n_stop] (-1 = unused slot), temperatures [B] or None -> Rollout of B = P * G rows."""
+  stop_tokens [n_stop] (-1 = unused slot), temperatures [B] or None -> Rollout of B = P * G rows.
+  ``phases``: the cache lengths of the decode phases (``cache_phases``)."""
   P, S = prompt_tokens.shape
   if prompt_mask.shape != (P, S) or prompt_ids.shape != (P,) or stop_tokens.ndim != 1:
     raise ValueError(
@@ -190,8 +225,10 @@ def _generate(
   row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
   # Each prompt is run through the model once (the stacked layer scan); its cache rows, next-token
   # logits and position are then repeated for its G samples (a G-times smaller prefill).
+  if not phases or phases[-1] != S + T or list(phases) != sorted(set(phases)) or phases[0] <= S:
+    raise ValueError(f"cache phases {phases} must increase from above {S} to S + T = {S + T}")
   logits, cache, start = _prefill(
-    params, prompt_tokens, prompt_mask, config=config, cache_len=S + T
+    params, prompt_tokens, prompt_mask, config=config, cache_len=phases[0]
   )
   # Per-layer weights for the decode loop, sliced once here instead of out of the stack at every
   # decode step.
@@ -225,16 +262,19 @@ def _generate(
   state = {"buf": buf, "done": jnp.zeros((B,), jnp.bool_), "cache": cache}
   state = record(state, jnp.zeros((), jnp.int32), logits)
 
-  def cond(state):
-    return (state["t"] < T) & ~jnp.all(state["done"])
-
   def body(state):
     t = state["t"]
-    # The previous token sits at position prompt_length + t - 1.
+    # The previous token sits at position prompt_length + t - 1, in slot S + t - 1.
     logits, cache = _decode(params, state["cache"], state["last"], start + t - 1, config=config)
     return record(dict(state, cache=cache), t, logits)
 
-  state = jax.lax.while_loop(cond, body, state)
+  for length in phases:
+    if length > state["cache"].max_len:
+      state = dict(state, cache=_constrain_cache(grow_cache(state["cache"], length)))
+    # Steps t < length - S + 1 write slots < length.
+    end = min(T, length - S + 1)
+    cond = lambda state, end=end: (state["t"] < end) & ~jnp.all(state["done"])
+    state = jax.lax.while_loop(cond, body, state)
   buf, done = state["buf"], state["done"]
   mixed = temperatures is not None  # greedy rows truncate
   return Rollout(
@@ -261,6 +301,7 @@ generate_jit = jax.jit(
     "num_samples",
     "max_new_tokens",
     "pad_id",
+    "phases",
   ),
 )
 
@@ -324,6 +365,7 @@ def generate(
   pad_id: int | None = None,
   buckets: Sequence[int] = DEFAULT_BUCKETS,
   temperatures=None,
+  phase_steps: int | None = DEFAULT_PHASE_STEPS,
 ) -> Rollout:
   """Samples ``num_samples`` completions for each prompt.
 
@@ -347,6 +389,9 @@ def generate(
       greedy baseline: ``num_samples=G + 1, temperatures=[tau] * G + [0]``. The rollout then
       always carries ``sampler_threshold``; score it with ``recompute_logprobs(...,
       temperatures=row_temperatures(...))``. Values are traced: new ones do not recompile.
+    phase_steps: minimum decode steps per cache phase (``cache_phases``): the cache starts short
+      and grows, so early steps do not attend over empty slots; each phase compiles one more
+      decode body. None or 0: one phase.
   Returns:
     ``Rollout`` with B = P * G rows, prompts re-padded to the bucket length.
   """
@@ -395,4 +440,5 @@ def generate(
     num_samples=num_samples,
     max_new_tokens=max_new_tokens,
     pad_id=int(pad_id),
+    phases=cache_phases(tokens.shape[1], max_new_tokens, min_steps=phase_steps),
   )
