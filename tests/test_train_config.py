@@ -57,6 +57,7 @@ def test_unknown_or_badly_typed_override_fails():
   [
     ("--config.rl.num_microbatches=3", "config.rl.num_microbatches"),
     ("--config.sampling.num_samples=1", "config.sampling.num_samples"),
+    ("--config.sampling.phase_steps=-1", "config.sampling.phase_steps"),
     ("--config.objective.name=ppo2", "config.objective.name"),
     ("--config.rl.advantage=vtrace", "config.rl.advantage"),
     ("--config.optim.learning_rate=-1.0", "config.optim.learning_rate"),

@@ -13,6 +13,9 @@ no early stop (every row generates exactly ``--new-tokens`` tokens). For each mo
     average decode step, since the decode loop itself runs on the device without host round
     trips); and, for contrast, the per-step time of a host-driven Python loop over ``decode_step``.
   * ours step ms: wall time of the compiled executable alone / new tokens.
+  * ``--rounds R``: after the best-of measurement, R - 1 more rounds time one call of each
+    contender back to back; the table then shows median tokens/s and the median (range) of the
+    per-round ratios, robust to this VM's drifting speed.
 
 Usage (2-core CPU shared with other jobs: record ``uptime`` with the results):
   .venv/bin/python tools/bench_sampling.py --models tiny,smollm2 --batch-sizes 1,8,32,64 \
@@ -83,6 +86,31 @@ def best_time(fn, *, budget_s: float = 2.0, max_repeats: int = 5) -> tuple[float
   return min(times), out
 
 
+def _timed(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def interleaved_rounds(contenders: dict, first_walls: dict, rounds: int) -> dict:
+  """Wall times per contender over ``rounds`` rounds; round 1 is ``first_walls`` (the best-of
+  measurement), each later round times one call of every contender back to back, so that a ratio
+  is taken between calls minutes apart at most (this VM's speed drifts by up to ~30% over tens of
+  minutes, for both frameworks alike)."""
+  walls = {k: [first_walls[k]] for k in contenders}
+  for _ in range(rounds - 1):
+    for k, timed in contenders.items():
+      walls[k].append(timed())
+  return walls
+
+
+def ratio_text(walls: dict, other: str) -> str:
+  """Median of the per-round ratios other / ours of wall times, with their range over rounds."""
+  r = np.asarray(walls[other]) / np.asarray(walls["ours"])
+  spread = f" ({r.min():.2f}-{r.max():.2f})" if len(r) > 1 else ""
+  return f"{np.median(r):.2f}x{spread}"
+
+
 def batch_prompts(ids, mask, batch):
   reps = -(-batch // ids.shape[0])
   return np.tile(ids, (reps, 1))[:batch], np.tile(mask, (reps, 1))[:batch]
@@ -129,19 +157,20 @@ def bench_ours(params, config, ids, mask, new_tokens):
   logits, cache, positions = prefill(
     params, tokens_b, mask_b, config=config, cache_len=tokens_b.shape[1] + steps + 1
   )
-  params = unstack_layers(params, config)  # once, as generate does before its decode loop
+  per_layer = unstack_layers(params, config)  # once, as generate does before its decode loop
   tok = jnp.argmax(logits, -1).astype(jnp.int32)
-  logits, cache = decode_step(params, cache, tok, positions, config=config)  # compile
+  logits, cache = decode_step(per_layer, cache, tok, positions, config=config)  # compile
   jax.block_until_ready(logits)
   start = time.perf_counter()
   for t in range(1, steps):
     tok = jnp.argmax(logits, -1).astype(jnp.int32)
-    logits, cache = decode_step(params, cache, tok, positions + t, config=config)
+    logits, cache = decode_step(per_layer, cache, tok, positions + t, config=config)
   jax.block_until_ready(logits)
   py_step = (time.perf_counter() - start) / (steps - 1)
   return {
     "tok_s": ids.shape[0] * new_tokens / wall,
     "wall": wall,
+    "timed": lambda: _timed(run),
     "host_frac": min(dispatch) / wall,
     "host_ms": 1e3 * min(dispatch),
     "step_ms": 1e3 * device_wall / new_tokens,
@@ -176,9 +205,15 @@ def bench_hf(model, ids, mask, new_tokens, pad, *, static: bool):
     for _ in range(2 if static else 1):
       short = dict(gen_kw, max_new_tokens=new_tokens if static else 4, min_new_tokens=0)
       model.generate(**inputs, **short)
-    wall, out = best_time(lambda: model.generate(**inputs, **gen_kw))
+    call = lambda: model.generate(**inputs, **gen_kw)
+    wall, out = best_time(call)
   assert out.shape[1] - ids.shape[1] == new_tokens
-  return {"tok_s": ids.shape[0] * new_tokens / wall, "wall": wall}
+
+  def timed():
+    with torch.no_grad():
+      return _timed(call)
+
+  return {"tok_s": ids.shape[0] * new_tokens / wall, "wall": wall, "timed": timed}
 
 
 def hf_model(params, config):
@@ -200,6 +235,13 @@ def main():
     "--skip-compiled", action="store_true", help="skip static cache + torch.compile"
   )
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count() or 1)
+  parser.add_argument(
+    "--rounds",
+    type=int,
+    default=1,
+    help="rounds of back-to-back calls (ours, hf dynamic, hf compiled); > 1 reports medians and "
+    "the median of the per-round ratios, with their range",
+  )
   args = parser.parse_args()
   import torch
 
@@ -224,19 +266,29 @@ def main():
       b_ids, b_mask = batch_prompts(ids, mask, batch)
       ours = bench_ours(params, config, b_ids, b_mask, args.new_tokens)
       dyn = bench_hf(dynamic, b_ids, b_mask, args.new_tokens, pad, static=False)
-      comp_s, ratio_c = "skipped", "-"
+      comp = None
       if compiled_model is not None:
         try:
           comp = bench_hf(compiled_model, b_ids, b_mask, args.new_tokens, pad, static=True)
-          comp_s, ratio_c = f"{comp['tok_s']:.0f}", f"{ours['tok_s'] / comp['tok_s']:.2f}x"
         except Exception as e:  # noqa: BLE001 - torch.compile on CPU may fail: report it
           compiled_error = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
           compiled_model = None
-      if compiled_model is None and compiled_error:
+      runs = {"ours": ours, "dyn": dyn} | ({"comp": comp} if comp else {})
+      walls = interleaved_rounds(
+        {k: r["timed"] for k, r in runs.items()},
+        {k: r["wall"] for k, r in runs.items()},
+        args.rounds,
+      )
+      tok_s = {k: batch * args.new_tokens / float(np.median(w)) for k, w in walls.items()}
+
+      comp_s, ratio_c = "skipped", "-"
+      if comp:
+        comp_s, ratio_c = f"{tok_s['comp']:.0f}", ratio_text(walls, "comp")
+      elif compiled_error:
         comp_s = f"failed ({compiled_error})"
       print(
-        f"| {name} | {batch} | {ours['tok_s']:.0f} | {dyn['tok_s']:.0f} | {comp_s} | "
-        f"{ours['tok_s'] / dyn['tok_s']:.2f}x | {ratio_c} | {100 * ours['host_frac']:.2f}% ({ours['host_ms']:.1f}) | "
+        f"| {name} | {batch} | {tok_s['ours']:.0f} | {tok_s['dyn']:.0f} | {comp_s} | "
+        f"{ratio_text(walls, 'dyn')} | {ratio_c} | {100 * ours['host_frac']:.2f}% ({ours['host_ms']:.1f}) | "
         f"{ours['step_ms']:.2f} | {ours['py_step_ms']:.2f} |",
         flush=True,
       )

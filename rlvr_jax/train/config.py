@@ -145,7 +145,8 @@ def base_config() -> ConfigDict:
   )
   c.reward = ConfigDict(dict(name="arithmetic", num_workers=1, timeout_s=10.0))
   c.sampling = ConfigDict(
-    dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5)
+    # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
+    dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5, phase_steps=32)
   )
   c.rl = ConfigDict(
     dict(
@@ -283,6 +284,7 @@ def validate(c) -> None:
   _need(s.max_new_tokens >= 1, "sampling.max_new_tokens", "must be >= 1")
   _need(0 < s.top_p <= 1, "sampling.top_p", f"must be in (0, 1], got {s.top_p}")
   _need(s.top_k >= 0, "sampling.top_k", "must be >= 0 (0 = off)")
+  _need(s.phase_steps >= 0, "sampling.phase_steps", "must be >= 0 (0 = one cache phase)")
   r = c.rl
   _need(r.num_steps >= 1, "rl.num_steps", "must be >= 1")
   _need(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")

@@ -149,6 +149,7 @@ class Collector:
       prompt_ids=prompt_ids,
       pad_id=self.pad_id,
       buckets=(ids.shape[1],),
+      phase_steps=self.c.sampling.phase_steps,
     )
     return self.layout.gather_rollout(rollout)
 
