@@ -49,6 +49,9 @@ ADVANTAGES = {
   "rloo": advantages.rloo_advantages,
   "riskpo": None,  # stateful: handled by train.rollout with advantages.riskpo_advantages
   "copo": None,  # needs answer ids: handled by train.rollout with advantages.copo_advantages
+  # greedy baseline: train.rollout samples G + 1 rows per prompt, the last one greedy (per-row
+  # temperature 0), scores it and passes its reward to advantages.remax_advantages
+  "remax": None,
 }
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")

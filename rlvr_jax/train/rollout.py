@@ -59,6 +59,7 @@ class RolloutBatch:
   correct: np.ndarray
   scores: dict
   metrics: dict
+  greedy_rewards: np.ndarray | None = None  # [P] ReMax's baseline (the greedy row's reward)
 
 
 def zero_variance(outcomes: np.ndarray) -> np.ndarray:
@@ -127,15 +128,22 @@ class Collector:
       )
     return texts, rollout
 
-  def _sample_local(self, params, records, *, key):
+  def _sample_local(self, params, records, *, key, greedy_row=False):
     """Like ``sample`` for this process's records (each with its global ``index``) of a batch;
-    ``params`` already in the sampling layout. Returns this process's texts, every row's rollout."""
+    ``params`` already in the sampling layout. Returns this process's texts, every row's rollout.
+
+    ``greedy_row``: G + 1 rows per prompt, the last one greedy (per-row temperature 0, in the
+    same ``generate`` call; ReMax's baseline); the G sampled rows are those of a plain call."""
     texts, ids, mask = self.prompts(records)
     prompt_ids = np.asarray([r["index"] for r in records], np.int32)
     ids, mask, prompt_ids = self.layout.gather_prompts(ids, mask, prompt_ids, pad_id=self.pad_id)
-    return texts, self._generate(params, ids, mask, prompt_ids, key, None, None)
+    if not greedy_row:
+      return texts, self._generate(params, ids, mask, prompt_ids, key, None, None)
+    G = self.c.sampling.num_samples
+    temperatures = [self.c.sampling.temperature] * G + [0.0]
+    return texts, self._generate(params, ids, mask, prompt_ids, key, None, G + 1, temperatures)
 
-  def _generate(self, params, ids, mask, prompt_ids, key, strategy, num_samples):
+  def _generate(self, params, ids, mask, prompt_ids, key, strategy, num_samples, temperatures=None):
     rollout = sampling.generate(
       params,
       ids,
@@ -150,6 +158,7 @@ class Collector:
       pad_id=self.pad_id,
       buckets=(ids.shape[1],),
       phase_steps=self.c.sampling.phase_steps,
+      temperatures=temperatures,
     )
     return self.layout.gather_rollout(rollout)
 
@@ -214,6 +223,8 @@ class Collector:
   def _collect(self, params, key, ref_params, need_old, adv_state):
     c = self.c
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
+    remax = c.rl.advantage == "remax"
+    G_gen = G + 1 if remax else G  # rows generated per prompt (ReMax: + its greedy row)
     refill = c.rl.zero_variance == "refill"
     rounds = c.rl.max_gen_batches if refill else 1
     groups, spare, metrics = [], [], {"time/sample": 0.0, "time/reward": 0.0}
@@ -221,11 +232,13 @@ class Collector:
     for n in range(rounds):
       records = self.source.take(P)  # this process's share of the P prompts
       t0 = time.perf_counter()
-      texts, rollout = self._sample_local(params, records, key=jax.random.fold_in(key, n))
+      texts, rollout = self._sample_local(
+        params, records, key=jax.random.fold_in(key, n), greedy_row=remax
+      )
       jax.block_until_ready(rollout.tokens)
       t1 = time.perf_counter()
       metrics["time/sample"] += t1 - t0
-      completions, future = self._submit_local(texts, records, rollout, G, P)
+      completions, future = self._submit_local(texts, records, rollout, G_gen, P)
       # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
       scores = self.layout.gather_rollout(
         self._scores(params, ref_params, rollout, need_old=need_old)
@@ -235,11 +248,14 @@ class Collector:
       reward_metrics.append(result.metrics)
       host = jax.tree.map(np.asarray, rollout)
       scores = {k: np.asarray(v) for k, v in scores.items()}
-      rewards = result.rewards.reshape(P, G)
-      correct = np.asarray(result.info.get("correct", result.rewards), np.float32).reshape(P, G)
+      rewards = result.rewards.reshape(P, G_gen)
+      correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
+      correct = correct.reshape(P, G_gen)
+      greedy = rewards[:, G] if remax else np.full(P, np.nan, np.float32)
+      rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
       zero_var = zero_variance(correct)
       for p in range(P):
-        rows = slice(p * G, (p + 1) * G)
+        rows = slice(p * G_gen, p * G_gen + G)
         g = dict(
           prompt_tokens=host.prompt_tokens[rows],
           prompt_mask=host.prompt_mask[rows],
@@ -251,6 +267,7 @@ class Collector:
           rewards=rewards[p],
           correct=correct[p],
           zero_var=bool(zero_var[p]),
+          greedy_reward=greedy[p],
           completions=completions[rows],
           scores={k: v[rows] for k, v in scores.items()},
         )
@@ -278,11 +295,18 @@ class Collector:
     valid = np.isfinite(rewards)
     completion_mask = cat("completion_mask")
     scores = {k: np.concatenate([g["scores"][k] for g in groups], 0) for k in groups[0]["scores"]}
+    greedy_rewards = None
     if self.c.rl.advantage == "copo":
       copo = _copo(jnp.asarray(rewards), jnp.asarray(answer_ids(groups)), jnp.asarray(valid))
       adv = np.asarray(copo.local_advantages)
       for k in ("global_advantages", "local_weight"):  # per-token extra objective inputs
         scores[k] = np.asarray(getattr(copo, k)).reshape(-1, 1) * completion_mask
+    elif self.c.rl.advantage == "remax":
+      greedy_rewards = np.array([g["greedy_reward"] for g in groups], np.float32)
+      adv = np.asarray(
+        _remax(jnp.asarray(rewards), jnp.asarray(greedy_rewards), jnp.asarray(valid))
+      )
+      metrics["reward/greedy_mean"] = float(np.nanmean(greedy_rewards))
     else:
       adv, adv_state = self._advantages(rewards, valid, adv_state)
     if c.rl.zero_variance in ("mask", "refill"):
@@ -321,6 +345,7 @@ class Collector:
       correct=correct,
       scores=scores,
       metrics=metrics,
+      greedy_rewards=greedy_rewards,
     )
     return batch, adv_state
 
@@ -347,6 +372,11 @@ def answer_ids(groups) -> np.ndarray:
       key = ans if ans is not None else ("none", j)
       out[p, j] = seen.setdefault(key, len(seen))
   return out
+
+
+@jax.jit
+def _remax(rewards, greedy_rewards, valid):
+  return adv_lib.remax_advantages(rewards, greedy_rewards, valid=valid)
 
 
 @jax.jit
