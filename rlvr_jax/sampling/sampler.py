@@ -1,10 +1,11 @@
-"""KV-cache sampler: ``prefill``, ``decode_step`` and ``generate`` (one jitted ``lax.while_loop``).
+"""KV-cache sampler: ``prefill``, ``decode_step`` and ``generate`` (one jitted program).
 
 Flow of ``generate`` for P prompts and G samples each (B = P * G rows, group ordered):
 
   host:  left-padded prompts [P, S] -> re-pad to a length bucket S_b (bounds recompiles)
   jit:   prefill the cache with the P prompts -> repeat its rows G times -> sample token 0
-         while t < T and not all rows finished:  decode_step(previous token) -> sample token t
+         for each cache phase (``cache_phases``: the cache grows, e.g. 96 -> 128 -> 176 slots):
+           while t < phase end and not all rows finished:  decode_step(previous token) -> sample t
   out:   Rollout with tokens, sampler / model log-probs (float32), mask, lengths, flags, ids.
 
 The sampler calls the same ``rlvr_jax.model.forward`` as the trainer, so its log-probs match a full
@@ -223,10 +224,10 @@ def _generate(
   row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
   sample_ids = _constrain_rows(jnp.tile(jnp.arange(G, dtype=jnp.int32), P))
   row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
-  # Each prompt is run through the model once (the stacked layer scan); its cache rows, next-token
-  # logits and position are then repeated for its G samples (a G-times smaller prefill).
   if not phases or phases[-1] != S + T or list(phases) != sorted(set(phases)) or phases[0] <= S:
     raise ValueError(f"cache phases {phases} must increase from above {S} to S + T = {S + T}")
+  # Each prompt is run through the model once (the stacked layer scan); its cache rows, next-token
+  # logits and position are then repeated for its G samples (a G-times smaller prefill).
   logits, cache, start = _prefill(
     params, prompt_tokens, prompt_mask, config=config, cache_len=phases[0]
   )
