@@ -6,7 +6,7 @@ import pytest
 from rlvr_jax import losses
 from rlvr_jax.metrics import read_jsonl
 from rlvr_jax.train import config as config_lib
-from rlvr_jax.train.loop import Trainer
+from rlvr_jax.train.loop import train
 
 
 def _config(workdir, objective):
@@ -26,11 +26,7 @@ def _config(workdir, objective):
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", sorted(losses.OBJECTIVES))
 def test_objective_runs_in_the_trainer(tmp_path, objective):
-  trainer = Trainer(_config(tmp_path, objective), log=lambda s: None)
-  try:
-    trainer.run()
-  finally:
-    trainer.close()
+  train(_config(tmp_path, objective), log=lambda s: None)
   steps = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
   assert len(steps) == 2
   for r in steps:

@@ -4,8 +4,9 @@ import jax
 import numpy as np
 
 from rlvr_jax import sampling
+from rlvr_jax.metrics import read_jsonl
 from rlvr_jax.train import config as config_lib
-from rlvr_jax.train.loop import Trainer
+from rlvr_jax.train.loop import Trainer, train
 
 
 def _trainer(workdir, advantage):
@@ -51,13 +52,7 @@ def test_remax_samples_one_greedy_row_per_prompt_as_the_baseline(tmp_path):
 
 
 def test_remax_runs_in_the_training_loop(tmp_path):
-  from rlvr_jax.metrics import read_jsonl
-
-  trainer = Trainer(config_lib.tiny_config(tmp_path, rl=dict(advantage="remax")), log=lambda s: 0)
-  try:
-    trainer.run()
-  finally:
-    trainer.close()
+  train(config_lib.tiny_config(tmp_path, rl=dict(advantage="remax")), log=lambda s: None)
   steps = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
   assert len(steps) == 2
   for r in steps:

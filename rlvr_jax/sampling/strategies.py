@@ -257,9 +257,8 @@ class Greedy:
   truncates = True
 
   def log_probs(self, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-    z = _check_logits(logits)
-    best, threshold = _greedy_parts(z)
-    return jnp.where(jnp.arange(z.shape[-1]) == best[..., None], 0.0, NEG), threshold
+    best, threshold = self.choose(logits)
+    return jnp.where(jnp.arange(logits.shape[-1]) == best[..., None], 0.0, NEG), threshold
 
   def sample(self, key: jax.Array, logp: jax.Array) -> jax.Array:
     del key

@@ -137,11 +137,13 @@ class Collector:
     texts, ids, mask = self.prompts(records)
     prompt_ids = np.asarray([r["index"] for r in records], np.int32)
     ids, mask, prompt_ids = self.layout.gather_prompts(ids, mask, prompt_ids, pad_id=self.pad_id)
-    if not greedy_row:
-      return texts, self._generate(params, ids, mask, prompt_ids, key, None, None)
-    G = self.c.sampling.num_samples
-    temperatures = [self.c.sampling.temperature] * G + [0.0]
-    return texts, self._generate(params, ids, mask, prompt_ids, key, None, G + 1, temperatures)
+    num_samples = temperatures = None
+    if greedy_row:
+      G = self.c.sampling.num_samples
+      num_samples, temperatures = G + 1, [self.c.sampling.temperature] * G + [0.0]
+    return texts, self._generate(
+      params, ids, mask, prompt_ids, key, None, num_samples, temperatures
+    )
 
   def _generate(self, params, ids, mask, prompt_ids, key, strategy, num_samples, temperatures=None):
     rollout = sampling.generate(
