@@ -11,7 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax._aggregation import (
+from rlvr_jax.losses.aggregation import (
   aggregate,
   as_mask,
   check_choice,
@@ -295,7 +295,7 @@ def min_p_proxy_logp_from_hidden(
   Returns:
     [B, T] float32, a constant (no gradient).
   """
-  from rlvr_jax._logprobs_fused import min_p_proxy_from_hidden
+  from rlvr_jax.logprobs.fused import min_p_proxy_from_hidden
 
   return sg(
     min_p_proxy_from_hidden(

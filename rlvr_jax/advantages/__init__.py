@@ -32,9 +32,16 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
 * helpers: ``to_tokens`` ([P, G] -> [B, T] times the mask), ``to_groups``, ``valid_mask``,
   ``masked_whiten``, ``discounted_returns``, ``zero_variance_groups``, ``handle_zero_variance``,
   ``gradient_group_fraction``, ``zero_variance_metrics``, ``pass_at_k`` (metric).
+
+Parts (this ``__init__`` is only the public API and ``SEQUENCE_ESTIMATORS``; the code is in):
+``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
+``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
+PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
+(REINFORCE++, its baseline variant, GAE). The package imports only jax
+(``tests/test_import_rules.py`` checks it).
 """
 
-from rlvr_jax._advantages_common import (
+from rlvr_jax.advantages.common import (
   gradient_group_fraction,
   handle_zero_variance,
   masked_whiten,
@@ -44,7 +51,7 @@ from rlvr_jax._advantages_common import (
   zero_variance_groups,
   zero_variance_metrics,
 )
-from rlvr_jax._advantages_group import (
+from rlvr_jax.advantages.group import (
   CopoAdvantages,
   canon_advantages,
   copo_advantages,
@@ -55,21 +62,21 @@ from rlvr_jax._advantages_group import (
   remax_advantages,
   rloo_advantages,
 )
-from rlvr_jax._advantages_passk import (
+from rlvr_jax.advantages.passk import (
   max_at_g_advantages,
   pass_at_k,
   passk_training_advantages,
   pkpo_advantages,
   pkpo_rewards,
 )
-from rlvr_jax._advantages_riskpo import (
+from rlvr_jax.advantages.riskpo import (
   DEFAULT_LEVELS,
   RiskPOState,
   riskpo_advantages,
   riskpo_init,
   riskpo_tracker_update,
 )
-from rlvr_jax._advantages_token import (
+from rlvr_jax.advantages.token_level import (
   discounted_returns,
   gae_advantages,
   reinforce_plus_plus_advantages,

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax import _advantages_common as common
+from rlvr_jax.advantages import common
 
 _SCOPES = ("group", "rollout", "none")
 

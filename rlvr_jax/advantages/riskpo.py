@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax import _advantages_common as common
+from rlvr_jax.advantages import common
 from rlvr_jax.types import pytree_dataclass
 
 DEFAULT_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95

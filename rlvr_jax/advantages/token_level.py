@@ -11,8 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax import _advantages_common as common
-from rlvr_jax import _advantages_group as group
+from rlvr_jax.advantages import common, group
 
 
 def _check_tokens(completion_mask: jax.Array, **arrays: jax.Array | None) -> None:

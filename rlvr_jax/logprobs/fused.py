@@ -9,7 +9,7 @@ matmul passes. When the objective's gradient is TOKEN-LOCAL,
 the cotangent of each tile is known as soon as the tile's statistics are. The forward sweep takes C
 tokens at a time, computes their logits z = h W block by block over the vocabulary (Vb columns,
 kept: C x V float32 per tile), their logp / H (online logsumexp), the objective's cotangents
-(g_logp, g_H) for those tokens, then walks the kept blocks again for dz (rules in `logprobs`),
+(g_logp, g_H) for those tokens, then walks the kept blocks again for dz (rules in `token_stats`),
 dh += dz W_bᵀ and dW_b += hᵀ dz. The backward pass only scales the stored gradients by the loss
 cotangent: three matmul passes, the count of a logits-materialising implementation (two for a
 tile whose tokens carry no gradient: padding, masked or zero-advantage tokens), with one
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import _logprobs_tiles as tiles
+from rlvr_jax.logprobs import tiles
 
 DEFAULT_FUSED_CHUNK_SIZE = 128
 

@@ -1,4 +1,4 @@
-"""Tile-level math shared by `logprobs` (chunked, recomputing) and `_logprobs_fused` (one sweep).
+"""Tile-level math shared by `logprobs.token_stats` (chunked, recomputing) and `logprobs.fused` (one sweep).
 
 A tile is C tokens x Vb vocabulary columns of float32 tempered logits z = h W_b / τ. Statistics over
 the whole vocabulary are folded block by block (online logsumexp); the cotangent rules are those of the

@@ -36,18 +36,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax import _logprobs_tiles as tiles
-from rlvr_jax._logprobs_fused import DEFAULT_FUSED_CHUNK_SIZE, fused_objective_from_hidden
+from rlvr_jax.logprobs import tiles
 
 DEFAULT_CHUNK_SIZE = 1024
 DEFAULT_VOCAB_CHUNK_SIZE = tiles.DEFAULT_VOCAB_CHUNK_SIZE
 
 __all__ = [
   "DEFAULT_CHUNK_SIZE",
-  "DEFAULT_FUSED_CHUNK_SIZE",
   "DEFAULT_VOCAB_CHUNK_SIZE",
   "TokenStats",
-  "fused_objective_from_hidden",
   "token_logprobs_from_hidden",
   "token_logprobs_from_logits",
   "token_stats_from_hidden",

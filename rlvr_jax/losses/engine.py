@@ -1,9 +1,9 @@
 """The shared engine behind every ``*_objective``: corrections, regularisers, metrics.
 
-An objective = a per-token policy surrogate (``_surrogates``), optional constant token weights and
-selections (``_selection``, in the order mismatch correction -> STEER -> selection), one aggregation
-with global normalisers (``_aggregation``), plus the common KL and entropy terms. The recipes in
-``_recipes`` only choose the pieces and their defaults.
+An objective = a per-token policy surrogate (``losses.surrogates``), optional constant token weights and
+selections (``losses.selection``, in the order mismatch correction -> STEER -> selection), one aggregation
+with global normalisers (``losses.aggregation``), plus the common KL and entropy terms. The recipes in
+``losses.recipes`` only choose the pieces and their defaults.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import regularizers
-from rlvr_jax._aggregation import (
+from rlvr_jax.losses.aggregation import (
   aggregate,
   as_mask,
   check_group_size,
@@ -31,7 +31,7 @@ from rlvr_jax._aggregation import (
   safe_div,
   token_advantages,
 )
-from rlvr_jax._selection import MISMATCH_MODES, mismatch_weights, opsm_mask
+from rlvr_jax.losses.selection import MISMATCH_MODES, mismatch_weights, opsm_mask
 
 sg = jax.lax.stop_gradient
 

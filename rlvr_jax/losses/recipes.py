@@ -1,7 +1,7 @@
 """Objectives of the PPO family and its ratio variants (the uniform signature: ``rlvr_jax.losses``).
 
 Each recipe picks a surrogate, its token weights / selection and an aggregation; the KL, entropy,
-mismatch and metric machinery is shared (``_objectives.run_objective``). Every recipe also accepts
+mismatch and metric machinery is shared (``engine.run_objective``). Every recipe also accepts
 the ``CommonOptions`` keywords (kl_coef, entropy_coef, mismatch, group_size, seq_norm_constant...).
 
 Scope: recipes with a batch statistic take ``scope`` ('step' by default, METHODS.md §1.3). At
@@ -15,9 +15,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax import _surrogates as sur
-from rlvr_jax._aggregation import as_mask, check_choice, mean_metric
-from rlvr_jax._objectives import clean_input, common_options, make_batch, require, run_objective
+from rlvr_jax.losses import surrogates as sur
+from rlvr_jax.losses.aggregation import as_mask, check_choice, mean_metric
+from rlvr_jax.losses.engine import clean_input, common_options, make_batch, require, run_objective
 
 sg = jax.lax.stop_gradient
 SCOPES = ("step", "micro")

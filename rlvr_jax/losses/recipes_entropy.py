@@ -11,12 +11,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax import _selection as sel
-from rlvr_jax import _surrogates as sur
 from rlvr_jax import regularizers as reg
-from rlvr_jax._aggregation import as_mask, check_choice, log_ratio, mean_metric, token_advantages
-from rlvr_jax._objectives import clean_input, common_options, make_batch, require, run_objective
-from rlvr_jax._recipes import _ppo, _stat
+from rlvr_jax.losses import selection as sel
+from rlvr_jax.losses import surrogates as sur
+from rlvr_jax.losses.aggregation import (
+  as_mask,
+  check_choice,
+  log_ratio,
+  mean_metric,
+  token_advantages,
+)
+from rlvr_jax.losses.engine import clean_input, common_options, make_batch, require, run_objective
+from rlvr_jax.losses.recipes import _ppo, _stat
 
 sg = jax.lax.stop_gradient
 

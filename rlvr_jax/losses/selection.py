@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax._aggregation import (
+from rlvr_jax.losses.aggregation import (
   as_mask,
   check_choice,
   check_tokens,

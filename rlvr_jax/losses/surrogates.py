@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax._aggregation import check_tokens, log_ratio, sequence_mean, token_advantages
+from rlvr_jax.losses.aggregation import check_tokens, log_ratio, sequence_mean, token_advantages
 
 sg = jax.lax.stop_gradient
 ClipInfo = dict[str, jax.Array]

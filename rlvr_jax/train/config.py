@@ -18,7 +18,7 @@ import inspect
 from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
-from rlvr_jax._objectives import CommonOptions
+from rlvr_jax.losses import CommonOptions
 
 # Keyword arguments of the objectives that are arrays computed by the trainer, not settings.
 _ARRAY_INPUTS = {
