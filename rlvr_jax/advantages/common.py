@@ -1,6 +1,6 @@
 """Shared pieces of the advantage estimators: shape checks, masks, masked statistics.
 
-Private helpers of :mod:`rlvr_jax.advantages` (the public module re-exports the public ones).
+Private helpers of :mod:`rlvr_jax.advantages` (its ``__init__`` re-exports the public ones).
 Shapes follow the glossary in :mod:`rlvr_jax.types`: rewards are ``[P, G]`` with row ``b`` of the
 flat batch being sample ``b % G`` of prompt ``b // G``.
 """

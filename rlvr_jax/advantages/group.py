@@ -1,6 +1,6 @@
 """Group (outcome) advantage estimators: GRPO family, RLOO, ReMax, CANON, COPO.
 
-Private module; import from :mod:`rlvr_jax.advantages`. All functions take rewards ``[P, G]``
+Part of :mod:`rlvr_jax.advantages` (import from there). All functions take rewards ``[P, G]``
 (row b of the flat batch = prompt b // G, sample b % G), exclude NaN / invalid samples from every
 statistic, give them advantage 0, and return float32 ``[P, G]``. Advantages are constants for the
 loss: the trainer applies ``jax.lax.stop_gradient`` (they are differentiable only in principle).
@@ -267,7 +267,7 @@ def copo_advantages(
     A^loc = GRPO z-score;   w_b = σ(k (H_p - b0)) · 𝟙[A^loc_b ≠ 0]
 
   The loss blends two PPO terms with the same ratio: ℓ = (1 - w)·ℓ(A^glob) + w·ℓ(A^loc); that
-  lives in losses.py because the clipped surrogate is not linear in A. Answers are compared as
+  lives in `losses` because the clipped surrogate is not linear in A. Answers are compared as
   integer ids: the host canonicalises extracted answers and maps them to ids per group (decide
   there whether "1/2" equals "0.5", and how to encode "no answer"). Prompts without valid samples
   do not enter the global statistics.

@@ -1,6 +1,6 @@
 """Pass@k advantage estimators and the unbiased pass@k metric.
 
-Private module; import from :mod:`rlvr_jax.advantages`. Rewards are ``[P, G]``; NaN or invalid
+Part of :mod:`rlvr_jax.advantages` (import from there). Rewards are ``[P, G]``; NaN or invalid
 samples are excluded and n below is the number of VALID samples of a group. Binomial ratios are
 computed as products of k static factors (exact in float32 for the sizes used in RLVR, unlike
 ``exp(lgamma(.))`` differences). Outputs are constants for the loss (the trainer stop-gradients).

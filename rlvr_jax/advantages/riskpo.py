@@ -1,6 +1,6 @@
 """RiskPO: mixed value-at-risk advantages over bundles, with a cross-step quantile tracker.
 
-Private module; import from :mod:`rlvr_jax.advantages`. METHODS.md §2.8, arXiv 2510.00911,
+Part of :mod:`rlvr_jax.advantages` (import from there). METHODS.md §2.8, arXiv 2510.00911,
 code RTkenny/RiskPO. The tracker state is a frozen dataclass pytree threaded explicitly by the
 trainer: the advantage at step k uses the state updated at step k-1 (the release updates the
 tracker after the advantage and then drops it, so its ``track`` mode silently used batch values).

@@ -1,6 +1,6 @@
 """Token-level advantage estimators: REINFORCE++, REINFORCE++-baseline, GAE.
 
-Private module; import from :mod:`rlvr_jax.advantages`. Outputs are ``[B, T]`` float32, zero on
+Part of :mod:`rlvr_jax.advantages` (import from there). Outputs are ``[B, T]`` float32, zero on
 masked tokens, and constants for the loss (the trainer stop-gradients them). Recursions run
 backwards over VALID tokens only: a masked position (padding, tool/environment tokens) is skipped,
 so the return or GAE carry passes over it unchanged.
