@@ -11,7 +11,9 @@ the new piece: the observation turn and, for chat models, the header of the next
     with the end-of-turn token (the sampler's stop token), that token is already in the stream and
     is not repeated; if the action was cut without it, the template's end-of-turn text comes first.
   * :class:`PlainRenderer` (character models, no chat format): ``template.format(obs=...)``,
-    ``"\\n{obs}\\n"`` by default; characters the tokenizer does not know become ``replacement``.
+    ``"\\n{obs}\\n"`` by default; characters the tokenizer does not know become ``replacement``
+    (white space, e.g. the newlines of the default template, becomes a space if the tokenizer knows
+    one: the built-in character alphabet has no newline).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ class PlainRenderer:
     tokenizer: anything with ``encode(text, add_special_tokens=False)``; a tokenizer with an
       ``alphabet`` (``CharTokenizer``) gets unknown characters replaced.
     template: format string with ``{obs}``.
-    replacement: stands for characters outside the tokenizer's alphabet.
+    replacement: stands for characters outside the tokenizer's alphabet (white space: a space).
   """
 
   def __init__(self, tokenizer, *, template: str = "\n{obs}\n", replacement: str = "?"):
@@ -112,17 +114,19 @@ class PlainRenderer:
     self, observation: str, *, role: str = "user", action_ended: bool = True
   ) -> str:
     del role, action_ended  # no roles and no end-of-turn text in a plain stream
-    text = self.template.format(obs=observation)
-    if self._known is not None:
-      text = "".join(c if c in self._known else self.replacement for c in text)
-    return text
+    return self._filter(self.template.format(obs=observation))
+
+  def _filter(self, text: str) -> str:
+    if self._known is None:
+      return text
+    space = " " if " " in self._known else self.replacement
+    return "".join(
+      c if c in self._known else (space if c.isspace() else self.replacement) for c in text
+    )
 
   def prompt_ids(self, observation: str) -> list[int]:
     """Ids of the first prompt: the reset observation (with the tokenizer's BOS, if any)."""
-    text = observation
-    if self._known is not None:
-      text = "".join(c if c in self._known else self.replacement for c in text)
-    return list(self.tokenizer.encode(text))
+    return list(self.tokenizer.encode(self._filter(observation)))
 
   def observation_ids(
     self, observation: str, *, role: str = "user", action_ended: bool = True

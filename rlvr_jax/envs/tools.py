@@ -133,6 +133,14 @@ def execute(
   return run_python_tool(arg, timeout_s=python_timeout_s)
 
 
+def _truncate(text: str, limit: int, *, keep_end: bool) -> str:
+  """Cuts a tool result to ``limit`` characters: the start of an output, the end of an error
+  (where the exception's message is)."""
+  if len(text) <= limit:
+    return text
+  return "(truncated)..." + text[-limit:] if keep_end else text[:limit] + "...(truncated)"
+
+
 class ToolEnv:
   """Wraps any environment (or a plain question) into a tool-using episode.
 
@@ -146,7 +154,8 @@ class ToolEnv:
     env: the wrapped environment (any object with ``reset`` / ``step``).
     tools: tool names out of ``TOOL_NAMES``.
     max_tool_calls: calls per episode.
-    max_output_chars: tool results are cut to this many characters (keeping the start).
+    max_output_chars: tool results are cut to this many characters (the start of an output, the
+      end of an error message).
     python_timeout_s: wall-clock limit of one python call.
     tool_reward: reward of a turn that called a tool.
     instructions: append a line per tool to the first observation.
@@ -193,8 +202,7 @@ class ToolEnv:
       text, ok = f"tool error: no tool calls left (limit {self.max_tool_calls}); answer now", False
     else:
       text, ok = execute(call, allowed=self.tools, python_timeout_s=self.python_timeout_s)
-    if len(text) > self.max_output_chars:
-      text = text[: self.max_output_chars] + "...(truncated)"
+      text = _truncate(text, self.max_output_chars, keep_end=not ok)
     info = {"tool": call.name, "tool_error": float(not ok), "role": "tool"}
     return text, self.tool_reward, False, False, info
 
