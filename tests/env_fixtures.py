@@ -20,6 +20,8 @@ class FaultyEnv:
 
   def step(self, action):
     self.turn += 1
+    if action == "sleep":
+      time.sleep(0.5)
     if action == "hang":
       time.sleep(3600)
     if action == "crash":

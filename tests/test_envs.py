@@ -187,6 +187,45 @@ def test_faults_fail_only_their_episode_and_survivors_are_replayed(pool):
   assert [r.observation for r in pool.step({5: "ok", 6: "ok"}).values()] == ["turn 3"] * 2
 
 
+def test_gem_reasoning_gym_and_python_tool_wrappers(pool):
+  """GEM's reasoning-gym env and its python_tool wrapper run unchanged; the worker's episode seeding
+  reproduces the question a local replica draws with the same seed."""
+  import random
+
+  import gem
+
+  replica = gem.make("rg:basic_arithmetic")
+  random.seed(3)
+  question, _ = replica.reset(seed=3)
+  specs = [
+    EnvSpec("gem:rg:basic_arithmetic"),
+    EnvSpec("gem:rg:basic_arithmetic", gem_wrappers=("python_tool",)),
+  ]
+  starts = pool.reset([3, 4], specs)
+  assert starts[0].observation == question and "<python>" in starts[1].observation
+  results = pool.step([f"\\boxed{{{replica.data['answer']}}}", "<python>print(6 * 7)</python>"])
+  assert results[0].reward == 1.0 and results[0].terminated
+  assert "42" in results[1].observation and results[1].info["tool_type"] == "python_code"
+  assert not results[1].done
+
+
+def test_submit_step_overlaps_the_caller(pool):
+  pool.reset([0, 1], [FAULTY] * 2)
+  future = pool.submit_step(["sleep", "ok"])
+  assert not future.done()  # the caller keeps working (device decode) while envs step
+  assert [r.observation for r in future.result()] == ["turn 1", "turn 1"]
+
+
+def test_worker_killed_between_steps_is_replaced_and_replayed(pool):
+  pool.reset([0, 1, 2], [FAULTY] * 3)
+  pool.step(["ok", "ok", "ok"])
+  restarts = pool.worker_restarts
+  pool._workers[0].proc.kill()  # episodes 0 and 2 live on worker slot 0
+  pool._workers[0].proc.wait()
+  assert [r.observation for r in pool.step(["ok", "ok", "ok"])] == ["turn 2"] * 3
+  assert pool.worker_restarts == restarts + 1
+
+
 def test_failed_reset_and_plain_class_by_path(pool):
   specs = [FAULTY, EnvSpec("env_fixtures:FaultyEnv", {"fail_reset": True}), FAULTY]
   starts = pool.reset([1, 2, 3], specs)

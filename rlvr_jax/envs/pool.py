@@ -290,6 +290,22 @@ class EnvPool:
     pending.extendleft(reversed(replays))
 
   def _execute(self, units: list[_Unit]) -> list[Any]:
+    try:
+      return self._execute_units(units)
+    except BaseException:
+      # Abandoned job (a worker that cannot start, an interrupt): workers still running its units
+      # are replaced so no stale reply reaches the next job; their episodes are lost.
+      for slot, w in enumerate(self._workers):
+        if w.units:
+          w.units.clear()
+          w.kill()
+          self._workers[slot] = _Worker(self.memory_limit_bytes, self.start_timeout_s)
+          for ep in self._episodes.values():
+            if ep.slot == slot and ep.failure is None:
+              ep.failure, ep.live = EnvFailure("lost", "its worker was reset after an error"), False
+      raise
+
+  def _execute_units(self, units: list[_Unit]) -> list[Any]:
     """Runs units (appending replay units as needed); outcome per original unit: value or
     EnvFailure."""
     num_original = len(units)
