@@ -438,3 +438,54 @@ def test_chat_renderer_smollm2_continues_the_template_stream():
   assert renderer.observation_text("o", action_ended=False).startswith(
     "<|im_end|>\n<|im_start|>user"
   )
+
+
+def test_play_episodes_guess_number_char_level(pool):
+  """The whole host loop on the built-in char-level game: rows 0, 2 binary-search, rows 1, 3 guess
+  1, 2, 3, ... (so episodes end at different turns, some truncated at max_turns); the collated
+  policy tokens are exactly the actions, and turn credit broadcasts onto them only."""
+  import jax.numpy as jnp
+
+  from rlvr_jax import turn_credit
+
+  tok = CharTokenizer()
+  renderer = envs.PlainRenderer(tok)
+  actions_sent = {b: [] for b in range(4)}
+
+  def policy_fn(contexts, budgets):
+    out = {}
+    for b, ids in contexts.items():
+      text = tok.decode(ids)
+      lo, hi = 1, 16
+      for guess, hint in re.findall(r"(\d+) (higher|lower):", text):
+        lo, hi = (int(guess) + 1, hi) if hint == "higher" else (lo, int(guess) - 1)
+      guess = (lo + hi) // 2 if b % 2 == 0 else len(actions_sent[b]) + 1
+      actions_sent[b].append(str(guess))
+      action = tok.encode(str(guess), add_special_tokens=False) + [tok.eos_id]
+      out[b] = (action[: budgets[b]], [-0.25] * min(len(action), budgets[b]))
+    return out
+
+  spec = EnvSpec("guess_number", {"low": 1, "high": 16, "max_turns": 5})
+  episodes = envs.play_episodes(
+    pool, renderer, policy_fn, seeds=[5, 5, 9, 9], specs=[spec] * 4, decode=tok.decode,
+    eos_ids=tok.eos_ids, max_tokens=64,
+  )  # fmt: skip
+  batch = envs.collate(episodes, pad_id=tok.pad_id)
+  assert batch["terminated"][[0, 2]].all()
+  np.testing.assert_array_equal(np.nanmax(batch["turn_rewards"][[0, 2]], axis=1), [1.0, 1.0])
+  # Targets 9 (seed 5) and 15 (seed 9): binary search needs 4 turns; 1, 2, 3, ... hits max_turns.
+  np.testing.assert_array_equal(batch["num_turns"], [4, 5, 4, 5])
+  np.testing.assert_array_equal(batch["truncated"], [False, True, False, True])
+  for b in range(4):
+    policy_ids = batch["tokens"][b][batch["policy_mask"][b]]
+    assert tok.decode(policy_ids) == "".join(actions_sent[b])
+    assert (policy_ids == tok.eos_id).sum() == batch["num_turns"][b]  # each action kept its stop
+    k = batch["num_turns"][b]
+    assert np.isfinite(batch["turn_rewards"][b, :k]).all()
+    assert np.isnan(batch["turn_rewards"][b, k:]).all()
+  assert (~batch["terminated"] == batch["truncated"]).all()
+  adv = turn_credit.turn_group_normalize(jnp.asarray(batch["turn_rewards"]), group_size=2)
+  token_adv = np.asarray(turn_credit.turn_values_to_tokens(adv, jnp.asarray(batch["turn_index"])))
+  assert (token_adv[~batch["policy_mask"]] == 0).all() and (
+    token_adv[batch["policy_mask"]] != 0
+  ).any()

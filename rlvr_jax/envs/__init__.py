@@ -16,6 +16,7 @@ Typical use (the sampler's multi-turn continuation drives the same calls)::
 
 from rlvr_jax.envs.builtin import GuessNumberEnv, QuestionEnv, ScriptedEnv
 from rlvr_jax.envs.episode import Episode, Turn, collate
+from rlvr_jax.envs.play import play_episodes
 from rlvr_jax.envs.pool import EnvPool
 from rlvr_jax.envs.protocol import (
   CAUSES,
@@ -59,4 +60,5 @@ __all__ = [
   "execute",
   "make_env",
   "parse_tool_call",
+  "play_episodes",
 ]
