@@ -489,3 +489,19 @@ def test_play_episodes_guess_number_char_level(pool):
   assert (token_adv[~batch["policy_mask"]] == 0).all() and (
     token_adv[batch["policy_mask"]] != 0
   ).any()
+
+
+@pytest.mark.slow
+def test_every_offline_gem_game_resets_and_steps(pool):
+  """GEM's games that need no download (Wordle, Hangman, WordSearch need NLTK's word list) reset and
+  step through the pool with well-formed tuples."""
+  games = [
+    "GuessTheNumber", "Mastermind", "Minesweeper", "FifteenPuzzle", "Sudoku", "TowerofHanoi",
+    "Game2048", "Sokoban", "Crosswords",
+  ]  # fmt: skip
+  specs = [EnvSpec(f"gem:game:{g}-v0-easy") for g in games]
+  starts = pool.reset(range(len(games)), specs)
+  assert not any(s.failed for s in starts), [s.failure for s in starts]
+  results = pool.step(["\\boxed{1}"] * len(games))
+  assert not any(r.failed for r in results), [r.failure for r in results]
+  assert all(r.observation and isinstance(r.reward, float) for r in results)

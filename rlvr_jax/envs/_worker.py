@@ -32,12 +32,17 @@ from rlvr_jax.envs import protocol, registry
 from rlvr_jax.rewards._worker import describe
 
 
+def _seed_globals(seed) -> None:
+  random.seed(seed)
+  np.random.seed(None if seed is None else int(seed) % (1 << 32))
+
+
 class _Episode:
   def __init__(self, spec, seed):
     self.name = registry.as_spec(spec).name
+    _seed_globals(seed)  # constructors draw too (GEM's call reset() in __init__)
     self.env = registry.make_env(spec)
-    random.seed(seed)
-    np.random.seed(None if seed is None else int(seed) % (1 << 32))
+    _seed_globals(seed)
     self.py_state, self.np_state = random.getstate(), np.random.get_state()
 
   def call(self, fn, *args, **kwargs):
