@@ -251,6 +251,12 @@ class EnvPool:
 
   # --- scheduling -------------------------------------------------------------------------------
 
+  def _spawn(self) -> _Worker:
+    """A started worker (blocks until its interpreter is up; raises RuntimeError if it is not)."""
+    worker = _Worker(self.memory_limit_bytes, self.start_timeout_s)
+    worker.wait_ready()
+    return worker
+
   def _start_workers(self) -> None:
     self._workers = [
       _Worker(self.memory_limit_bytes, self.start_timeout_s) for _ in range(self.num_workers)
@@ -278,8 +284,7 @@ class EnvPool:
   def _replace(self, slot: int, units: list[_Unit], pending: collections.deque) -> None:
     """New worker at ``slot``; queues replays of its other live episodes before its pending units."""
     self._workers[slot].kill()
-    self._workers[slot] = _Worker(self.memory_limit_bytes, self.start_timeout_s)
-    self._workers[slot].wait_ready()
+    self._workers[slot] = self._spawn()
     self.worker_restarts += 1
     replays = []
     for e, ep in self._episodes.items():
@@ -299,7 +304,10 @@ class EnvPool:
         if w.units:
           w.units.clear()
           w.kill()
-          self._workers[slot] = _Worker(self.memory_limit_bytes, self.start_timeout_s)
+          try:
+            self._workers[slot] = self._spawn()
+          except RuntimeError:
+            pass  # the dead worker stays; the next job's dispatch replaces it
           for ep in self._episodes.values():
             if ep.slot == slot and ep.failure is None:
               ep.failure, ep.live = EnvFailure("lost", "its worker was reset after an error"), False
