@@ -1,16 +1,17 @@
 """Environments for multi-turn, tool-using episodes (host side; plain Python, no jax).
 
-Typical use (the sampler's multi-turn continuation drives the same calls)::
+Typical use (``play_episodes`` runs this loop; the sampler's continuation follows it per row)::
 
   from rlvr_jax import envs
   pool = envs.EnvPool(envs.EnvSpec("gem:game:GuessTheNumber-v0-easy"), num_workers=2)
   renderer = envs.ChatRenderer(tokenizer)            # or envs.PlainRenderer(char_tokenizer)
   starts = pool.reset(seeds)                         # one episode per row, seeded
   episodes = [envs.Episode(renderer.prompt_ids(s.observation), max_tokens=1024) for s in starts]
-  ... sample actions for the rows not done ...
-  future = pool.submit_step({b: text for b, text in actions.items()})   # overlaps device work
+  # per turn, for the rows not done: episodes[b].add_action(action_ids, action_logp)
+  future = pool.submit_step({b: action_text[b] for b in rows})   # overlaps device work
   for b, result in future.result().items():
-    episodes[b].add_step(result, renderer.observation_ids(result.observation, role=...))
+    obs_ids = renderer.observation_ids(result.observation, role=result.info.get("role", "user"))
+    episodes[b].add_step(result, obs_ids)
   batch = envs.collate(episodes, pad_id=tokenizer.pad_id)  # tokens, policy_mask, turn_index, ...
 """
 
