@@ -137,6 +137,11 @@ def test_golden_geometric_and_gate_and_episode_return():
   assert np.isnan(np.asarray(none)).all()
 
 
+def test_golden_turn_clip_range():
+  got = jit(tc.turn_clip_range, epsilon=0.2, coef=0.5)(jnp.array([[0.0, 1.0, N]]))
+  np.testing.assert_allclose(got, [[0.2, 0.2 * (1 + 0.5 * np.tanh(1.0)), 0.2]], atol=1e-6)
+
+
 def test_golden_broadcast_to_tokens():
   values = jnp.array([[0.5, -1.0, N]])
   turn_index = jnp.array([[0, 0, 1, 1, 0, 2, 2, 2, 0]])
