@@ -446,7 +446,7 @@ def test_play_episodes_guess_number_char_level(pool):
   policy tokens are exactly the actions, and turn credit broadcasts onto them only."""
   import jax.numpy as jnp
 
-  from rlvr_jax import turn_credit
+  from rlvr_jax import advantages
 
   tok = CharTokenizer()
   renderer = envs.PlainRenderer(tok)
@@ -484,8 +484,8 @@ def test_play_episodes_guess_number_char_level(pool):
     assert np.isfinite(batch["turn_rewards"][b, :k]).all()
     assert np.isnan(batch["turn_rewards"][b, k:]).all()
   assert (~batch["terminated"] == batch["truncated"]).all()
-  adv = turn_credit.turn_group_normalize(jnp.asarray(batch["turn_rewards"]), group_size=2)
-  token_adv = np.asarray(turn_credit.turn_values_to_tokens(adv, jnp.asarray(batch["turn_index"])))
+  adv = advantages.turn_group_normalize(jnp.asarray(batch["turn_rewards"]), group_size=2)
+  token_adv = np.asarray(advantages.turn_values_to_tokens(adv, jnp.asarray(batch["turn_index"])))
   assert (token_adv[~batch["policy_mask"]] == 0).all() and (
     token_adv[batch["policy_mask"]] != 0
   ).any()

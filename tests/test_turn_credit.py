@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr_jax import turn_credit as tc
+from rlvr_jax.advantages import turns as tc
 
 N = np.nan
 R_GOLDEN = np.array([[1, 0, 1], [0, 1, N], [1, 1, 0]], np.float32)

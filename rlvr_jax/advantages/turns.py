@@ -1,5 +1,7 @@
 """Turn-level credit for multi-turn episodes: returns and advantages over turns (AGENTS.md §2).
 
+Part of ``rlvr_jax.advantages``.
+
 Pure functions of arrays (jax only). Shapes follow :mod:`rlvr_jax.types` plus K = turns:
 
   * ``rewards`` / per-turn values ``[B, K]``: row ``b`` is sample ``b % G`` of prompt ``b // G``
@@ -10,7 +12,7 @@ Pure functions of arrays (jax only). Shapes follow :mod:`rlvr_jax.types` plus K 
 
 Every advantage here is 0 on missing turns and, like the sequence estimators, a constant for the
 loss (the trainer applies ``jax.lax.stop_gradient``). Statistics follow the conventions of
-``_advantages_group``: unbiased std (ddof 1) plus ``epsilon`` = 1e-6, and a statistic over fewer
+``advantages.group``: unbiased std (ddof 1) plus ``epsilon`` = 1e-6, and a statistic over fewer
 than ``min_count`` members (default 2) or over equal values gives exactly 0.
 """
 
