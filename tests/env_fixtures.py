@@ -43,3 +43,26 @@ class RandomEnv:
 
   def step(self, action):
     return f"{random.random():.12f}", 0.0, False, False, {}
+
+
+class FailAtTurnEnv:
+  """Answers "ok {turn}" until turn ``turn``, where it fails by ``mode`` (raise, malformed,
+  hang) whatever the action: the multi-turn sampler's failure tests use it."""
+
+  def __init__(self, turn: int = 2, mode: str = "raise", num_turns: int = 4):
+    self.fail_turn, self.mode, self.num_turns, self.turn = turn, mode, num_turns, 0
+
+  def reset(self, seed=None):
+    self.turn = 0
+    return f"go {seed}", {}
+
+  def step(self, action):
+    self.turn += 1
+    if self.turn == self.fail_turn:
+      if self.mode == "raise":
+        raise RuntimeError("env broke")
+      if self.mode == "malformed":
+        return "two", 1.0
+      if self.mode == "hang":
+        time.sleep(3600)
+    return f"ok {self.turn}", 0.25, self.turn >= self.num_turns, False, {}
