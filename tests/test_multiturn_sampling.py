@@ -40,9 +40,7 @@ def pool():
 
 
 def _specs(turns):
-  return [
-    envs.EnvSpec("scripted", {"num_turns": n, "template": "r{turn} {action}"}) for n in turns
-  ]
+  return [envs.EnvSpec("scripted", {"num_turns": n, "template": "r{turn} {action}"}) for n in turns]
 
 
 def _decode(ids):

@@ -40,8 +40,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import sharding as sharding_lib
-from rlvr_jax.model import KVCache, ModelConfig, forward, forward_into_new_cache, grow_cache
-from rlvr_jax.model import logits_from_hidden
+from rlvr_jax.model import (
+  KVCache,
+  ModelConfig,
+  forward,
+  forward_into_new_cache,
+  grow_cache,
+  logits_from_hidden,
+)
 from rlvr_jax.sampling.sampler import DEFAULT_BUCKETS, bucket_length, prompt_positions
 from rlvr_jax.sampling.strategies import Greedy, Strategy
 from rlvr_jax.types import pytree_dataclass
@@ -156,7 +162,9 @@ def start_episodes(
     last=tokens[:, -1],
     pos=positions[:, -1],
     start=positions[:, -1] + 1,
-    **{k: _rows(v) if v.ndim else v for k, v in _empty_turn(B, turn_tokens, window, pad_id).items()},
+    **{
+      k: _rows(v) if v.ndim else v for k, v in _empty_turn(B, turn_tokens, window, pad_id).items()
+    },
   )
   return _rows_cache(cache), state
 
@@ -224,7 +232,9 @@ def decode_chunk(
     )
     kept = jax.lax.dynamic_index_in_dim(s.tokens, col, axis=1, keepdims=False)
     tokens = jax.lax.dynamic_update_index_in_dim(s.tokens, jnp.where(alive, tok, kept), col, 1)
-    window = jnp.where(alive[:, None], jnp.concatenate([s.window[:, 1:], tok[:, None]], 1), s.window)
+    window = jnp.where(
+      alive[:, None], jnp.concatenate([s.window[:, 1:], tok[:, None]], 1), s.window
+    )
     match = jnp.all((stops[None] == -1) | (window[:, None, :] == stops[None]), axis=-1)
     stop = alive & jnp.any(match, axis=-1)
     count = s.count + alive.astype(jnp.int32)
@@ -251,20 +261,20 @@ def decode_chunk(
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def append(params, cache: KVCache, state: TurnState, obs, obs_len, *, config: ModelConfig):
-  """Appends each row's observation [O] after its pending token, in one forward of O tokens.
+  """Appends each row's observation [W_obs] after its pending token, in one forward of W_obs tokens.
 
   Row b feeds [pending_b, obs_b[0], ..., obs_b[n_b - 2]] at positions pos_b, pos_b + 1, ...
   (n_b = ``obs_len[b]``; holes after them), and ``obs_b[n_b - 1]`` becomes its pending token.
   Rows with n_b = 0 (episode over, or an empty observation) feed only holes and keep their state.
 
   Args:
-    obs: [B, O] int32 observation ids, left-aligned; obs_len: [B] int32 (<= O).
+    obs: [B, W_obs] int32 observation ids, left-aligned; obs_len: [B] int32 (<= W_obs).
   Returns:
-    (cache with index + O, state).
+    (cache with index + W_obs, state).
   """
-  B, O = obs.shape
+  B, W_obs = obs.shape
   obs, obs_len = _rows(obs.astype(jnp.int32)), _rows(obs_len.astype(jnp.int32))
-  j = jnp.arange(O, dtype=jnp.int32)[None, :]
+  j = jnp.arange(W_obs, dtype=jnp.int32)[None, :]
   shifted = jnp.concatenate([state.last[:, None], obs[:, :-1]], axis=1)
   positions = jnp.where(j < obs_len[:, None], state.pos[:, None] + j, -1)
   _, cache = forward(params, shifted, positions, config=config, cache=cache)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from rlvr_jax.envs import Episode, EnvPool, collate
+from rlvr_jax.envs import EnvPool, Episode, collate
 from rlvr_jax.model import ModelConfig, unstack_layers
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling import multiturn as mt
@@ -216,15 +216,15 @@ def rollout_episodes(
         obs_rows[b] = obs_ids
     if obs_rows:
       t0 = time.perf_counter()
-      O = bucket_length(max(len(o) for o in obs_rows.values()), obs_buckets)
-      obs = np.full((B, O), pad_id, np.int32)
+      W_obs = bucket_length(max(len(o) for o in obs_rows.values()), obs_buckets)
+      obs = np.full((B, W_obs), pad_id, np.int32)
       obs_len = np.zeros(B, np.int32)
       for b, o in obs_rows.items():
         obs[b, : len(o)], obs_len[b] = o, len(o)
-      cache = mt.ensure_capacity(cache, index + O, cache_buckets)
+      cache = mt.ensure_capacity(cache, index + W_obs, cache_buckets)
       cache, state = mt.append(params, cache, state, obs, obs_len, config=config)
-      index += O
-      stats["holes"] += int(O * B - obs_len.sum())
+      index += W_obs
+      stats["holes"] += int(W_obs * B - obs_len.sum())
       stats["append_s"] += time.perf_counter() - t0
   step_times = stats.pop("env_step_s")
   stats["env_step_s"] = float(np.mean(step_times)) if step_times else 0.0

@@ -34,7 +34,7 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
-from rlvr_jax.train import build, evaluate, optimizer, rollout, sft
+from rlvr_jax.train import build, evaluate, multiturn, optimizer, rollout, sft
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -76,13 +76,20 @@ class Trainer:
       source=self.source,
       layout=self.layout,
     )
+    self.multiturn = bool(c.env.id)  # environment episodes instead of single-turn prompts
+    if self.multiturn:
+      self.collector = multiturn.MultiTurnCollector(
+        config=c, model_config=self.model_config, tokenizer=self.tokenizer, layout=self.layout
+      )
     r = c.rl
     self.updates_per_step = r.num_epochs * r.num_minibatches
     self.optimizer = optimizer.make_optimizer(
       c.optim, decay_steps=r.num_steps * self.updates_per_step
     )
     kwargs = config_lib.objective_kwargs(c)
-    kwargs.setdefault("seq_norm_constant", float(c.sampling.max_new_tokens))
+    kwargs.setdefault(
+      "seq_norm_constant", float(c.env.max_tokens if c.env.id else c.sampling.max_new_tokens)
+    )
     kwargs.setdefault("group_size", c.sampling.num_samples)
     # Jitted steps are cached per (model, optimiser, objective, ...) so several runs in one
     # process (tests, ablation drivers) compile once.
@@ -151,7 +158,12 @@ class Trainer:
       self.source.restore(self.host_state["data"])
       self.log(f"resumed from step {step} ({self.checkpointer.directory})")
       return int(step)
-    if c.warm_start.num_steps > 0:
+    if c.warm_start.num_steps > 0 and self.multiturn:
+      t0 = time.perf_counter()
+      params, _ = self.collector.warm_start(self.state.params, log=self.log)
+      self.state = init_state(params, self.optimizer, self.state.key, dict(self.state.extra))
+      self.host_state["warm_start_s"] = time.perf_counter() - t0
+    elif c.warm_start.num_steps > 0:
       t0 = time.perf_counter()
       params, _ = sft.warm_start(
         self.state.params,
@@ -177,7 +189,9 @@ class Trainer:
     )
     cmask = batch.completion_mask[rows]
     t = cmask.shape[1]
-    adv = np.asarray(batch.advantages[rows])[:, None] * cmask
+    adv = np.asarray(batch.advantages[rows])
+    # [B] sequence advantages broadcast to the tokens; [B, T] (turn credit) used as they are.
+    adv = (adv if adv.ndim == 2 else adv[:, None]) * cmask
     sampler_logp = batch.sampler_logp[rows]
     extras = {
       k: jnp.asarray(v[rows]) for k, v in batch.scores.items() if k not in ("old_logp", "ref_logp")
@@ -261,7 +275,10 @@ class Trainer:
   def evaluate(self) -> dict:
     t0 = time.perf_counter()
     with self.layout.context():
-      out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
+      if self.multiturn:
+        out = self.collector.evaluate(self.state.params)
+      else:
+        out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
     out["eval/time_s"] = time.perf_counter() - t0
     return out
 
@@ -318,6 +335,8 @@ class Trainer:
   def close(self) -> None:
     self.checkpointer.close()
     self.runtime.close()
+    if self.multiturn:
+      self.collector.close()
 
 
 def _quiet(_: str) -> None:
