@@ -43,6 +43,9 @@ from rlvr_jax.train.layout import Layout
 from rlvr_jax.train.rollout import RolloutBatch, zero_variance
 
 EVAL_SEED = 10**6  # held-out episodes use seeds EVAL_SEED + i (training seeds stay below)
+# Cache lengths of a rollout: powers of two, so a run compiles few decode programs (each decode
+# step attends over the whole cache: at most 2x the filled slots).
+CACHE_BUCKETS = tuple(2**p for p in range(6, 15))
 
 
 def make_renderer(env_cfg, tokenizer):
@@ -133,7 +136,7 @@ class MultiTurnCollector:
         max_tokens=e.max_tokens, turn_tokens=e.turn_tokens, stop_sequences=self.stops,
         pad_id=self.pad_id, eos_ids=self.tokenizer.eos_ids, max_turns=e.max_turns,
         prompt_ids=np.arange(B) // group_size, sample_ids=np.arange(B) % group_size,
-        chunk_steps=e.chunk_steps,
+        chunk_steps=e.chunk_steps, cache_buckets=CACHE_BUCKETS,
       )  # fmt: skip
 
   def _batch_arrays(self, eb):
@@ -243,15 +246,21 @@ class MultiTurnCollector:
   def evaluate(self, params, *, seed: int = 1234) -> dict:
     """Held-out episodes (seeds EVAL_SEED + i): greedy and sampled success and mean turns."""
     n = self.c.env.num_eval
-    seeds = [EVAL_SEED + i for i in range(n)]
+    # Padded to a multiple of the training batch (extra episodes dropped): the same shapes, so
+    # evaluation reuses the compiled rollout programs.
+    rows = self.c.rl.prompts_per_step * self.c.sampling.num_samples
+    seeds = [EVAL_SEED + i for i in range(-(-n // rows) * rows)]
     out = {}
     for name, strategy in (
       ("greedy", sampling.Greedy()),
       ("sampled", sampling.Temperature(self.c.eval.temperature)),
     ):
-      eb = self.play(params, seeds, key=jax.random.key(seed), strategy=strategy)
-      success = self.success(eb)
-      turns = np.array([len(e.turns) for e in eb.episodes])
+      success, turns = [], []
+      for i in range(0, len(seeds), rows):
+        eb = self.play(params, seeds[i : i + rows], key=jax.random.key(seed), strategy=strategy)
+        success.append(self.success(eb))
+        turns.append([len(e.turns) for e in eb.episodes])
+      success, turns = np.concatenate(success)[:n], np.concatenate(turns)[:n]
       out[f"eval/{name}_success"] = float(success.mean())
       out[f"eval/{name}_turns"] = float(turns.mean())
       out[f"eval/{name}_turns_if_success"] = (
