@@ -2,9 +2,9 @@
 
 Multi-turn: B episodes of the ``scripted`` env, K turns of exactly A action tokens each (no stop
 token can be sampled: the stop table holds an id outside the vocabulary) and a fixed observation
-of O tokens between turns, decoded by ``sampling.multiturn_rollout.rollout_episodes`` (KV-cache
+of n_obs tokens between turns, decoded by ``sampling.multiturn_rollout.rollout_episodes`` (KV-cache
 continuation, env steps in worker processes, chunked decode). Single-turn: ``sampling.generate``
-of B rows with max_new_tokens = K * A + (K - 1) * O, no stop, from the same prompts. Both produce
+of B rows with max_new_tokens = K * A + (K - 1) * n_obs, no stop, from the same prompts. Both produce
 streams of the same length after the prompt; the table gives stream tokens per second (actions +
 observations) and the ratio multi / single. Runs alternate (single, multi, single, multi, ...)
 after a compile run of each, so the machine's drift hits both; medians over ``--rounds``.
@@ -53,8 +53,8 @@ def main():
   renderer = envs.PlainRenderer(tok, template=" {obs} ")
   obs = "x" * 10  # the scripted env's observation: fixed text, fixed token count
   spec = envs.EnvSpec("scripted", {"num_turns": K, "prompt": "start {seed}", "template": obs})
-  O = len(renderer.observation_ids(obs))
-  total = K * A + (K - 1) * O
+  n_obs = len(renderer.observation_ids(obs))
+  total = K * A + (K - 1) * n_obs
   never = [[tok.vocab_size]]  # an id the model cannot sample: every turn runs to its budget
   prompts = [renderer.prompt_ids(f"start {s}") for s in range(B)]
   ids, mask = tok.encode_batch([""] * B, add_special_tokens=False, pad_to=16)
@@ -70,7 +70,7 @@ def main():
         params, pool, renderer, config=config, strategy=strategy, key=jax.random.key(1),
         seeds=list(range(B)), decode=tok.decode, max_tokens=total, turn_tokens=A,
         stop_sequences=never, pad_id=tok.pad_id, max_turns=K, chunk_steps=args.chunk_steps,
-        buckets=(16,), obs_buckets=(O,), cache_buckets=(16 + total + A,),
+        buckets=(16,), obs_buckets=(n_obs,), cache_buckets=(16 + total + A,),
       )  # fmt: skip
       wall = time.perf_counter() - t0
       n = eb.collate(pad_id=0)["token_mask"].sum()
@@ -97,7 +97,7 @@ def main():
       m_times.append(m)
       ratios.append(s / m)
   tps = lambda t: B * total / t
-  print(f"B={B} turns={K} action_tokens={A} obs_tokens={O} stream_tokens/row={total} "
+  print(f"B={B} turns={K} action_tokens={A} obs_tokens={n_obs} stream_tokens/row={total} "
         f"model D={args.hidden} L={args.layers} V={tok.vocab_size}")  # fmt: skip
   print(f"single-turn generate : median {statistics.median(s_times):.3f} s  "
         f"{tps(statistics.median(s_times)):.0f} tok/s")  # fmt: skip
