@@ -327,7 +327,8 @@ class Trainer:
     if c.logging.plot and stop == c.rl.num_steps:
       from rlvr_jax.train import plotting
 
-      path = plotting.plot_runs([c.workdir], os.path.join(c.workdir, "curves.png"))
+      panels = plotting.MULTITURN_PANELS if self.multiturn else plotting.PANELS
+      path = plotting.plot_runs([c.workdir], os.path.join(c.workdir, "curves.png"), panels=panels)
       self.log(f"curves: {path}")
       summary["plot"] = path
     return summary
