@@ -4,9 +4,9 @@ Design:
   * Workers are fresh interpreters (``subprocess``, like the ``spawn`` start method; never
     ``fork``, which would copy a parent holding JAX/XLA threads and locks), connected by a socket.
     Unlike multiprocessing's spawn/forkserver children they never re-import the trainer's
-    ``__main__`` (which would load jax into every worker). A worker ignores SIGINT, disables core dumps and caps its own address space
-    (``RLIMIT_AS``), so a 10 GB allocation raises ``MemoryError`` inside the worker instead of
-    taking the host down.
+    ``__main__`` (which would load jax into every worker). A worker ignores SIGINT, disables
+    core dumps and caps its own address space (``RLIMIT_AS``), so a 10 GB allocation raises
+    ``MemoryError`` inside the worker instead of taking the host down.
   * Items are sent to workers in chunks (one pipe message per chunk, one small message back per
     item), so per-item overhead is a few tens of microseconds. The parent starts each item's clock
     when the previous result of that worker arrives and kills the worker (SIGKILL) when an item runs
