@@ -137,6 +137,27 @@ def test_user_rewards_by_import_path_with_weights_gates_and_kwargs():
   np.testing.assert_array_equal(out.info["correct"], [1, 0, 1])  # first reporting component
 
 
+def test_group_aware_components_get_group_size_and_token_lengths():
+  # LASER-D buckets by group accuracy: group 0 (2 of 2 right) is easy, group 1 (0 of 2) hard.
+  c = _components(
+    laser=reward_component("laser", bucket_targets=(1, 2, 3), correctness="arithmetic"),
+    len=reward_component("overlong", weight=0.5),
+  )
+  config_lib.validate(c)
+  out = build.build_reward(c).evaluate(
+    ["p"] * 4,
+    ["4", "4", "x", "5"],
+    answer=["4", "4", "3", "3"],
+    completion_lengths=[1, 2, 3, 3],
+    group_size=2,
+  )
+  # laser: +1 correct, +0.5 within the easy target (1 token); -1 no answer, -0.5 wrong answer.
+  # overlong (L = 3, buffer 1): -1 at 3 tokens, times 0.5.
+  np.testing.assert_allclose(out.rewards, [1.5, 1.0, -1.5, -1.0])
+  assert out.metrics["laser/laser/bucket_frac/easy"] == 0.5
+  assert out.metrics["reward/laser/mean"] == 0.25
+
+
 # --- errors before any compile ---------------------------------------------------------------------
 def _set(path, value):
   def mutate(c):

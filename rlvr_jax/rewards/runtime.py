@@ -218,7 +218,8 @@ class RewardRuntime:
     """Starts scoring a batch; returns a Future of :class:`RewardResult`.
 
     ``reward_fn`` is an :class:`ItemReward` (scored per item in workers, combined here) or a plain
-    picklable ``reward_fn(prompts, completions, **fields)``: with ``granularity="item"`` it is
+    ``reward_fn(prompts, completions, **fields)`` (any function cloudpickle can send: module
+    level, ``__main__``, a lambda or a closure): with ``granularity="item"`` it is
     called on one-row batches, with ``"group"`` on whole groups (needs ``group_size``), with
     ``"batch"`` once on the whole batch; a failure then fails every row of that unit.
     """
