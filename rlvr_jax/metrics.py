@@ -88,6 +88,22 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def reward_component_fields(metrics: dict) -> list[str]:
+  """Progress-bar fields of a combined reward: ``<name>=mean`` per component
+  (``reward/<name>/mean``), and ``<name>!=count`` when it failed on some rows this step."""
+  parts = []
+  for key, value in metrics.items():
+    head, _, tail = key.partition("/")
+    name, _, stat = tail.rpartition("/")
+    if head != "reward" or not name or "/" in name or value is None:
+      continue
+    if stat == "mean":
+      parts.append(f"{name}={float(value):.3f}")
+    elif stat == "failures" and float(value) > 0:
+      parts.append(f"{name}!={int(value)}")
+  return parts
+
+
 class ProgressBar:
   """A tqdm bar over RL steps whose postfix shows reward, accuracy, length, entropy, times."""
 
@@ -103,6 +119,7 @@ class ProgressBar:
     for label, name, fmt in BAR_FIELDS:
       if name in metrics and metrics[name] is not None:
         parts.append(f"{label}={fmt.format(float(metrics[name]))}")
+    parts += reward_component_fields(metrics)
     self._bar.set_postfix_str(" ".join(parts), refresh=False)
     self._bar.update(1)
 

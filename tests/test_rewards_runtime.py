@@ -198,8 +198,8 @@ def test_bad_inputs_raise_clear_errors(runtime):
     runtime.submit(rewards.MathReward(), ["a", "b"], ["c", "d"], answer=["1", "2", "3"])
   with pytest.raises(ValueError, match="whole number of groups"):
     runtime.submit(length_reward, ["a"] * 3, ["c"] * 3, group_size=2)
-  with pytest.raises(TypeError, match="picklable"):
-    runtime.submit(lambda p, c: np.zeros(len(c)), ["a"], ["b"])
+  with pytest.raises(TypeError, match="picklable"):  # lambdas are fine (cloudpickle), locks not
+    runtime.submit(functools.partial(length_reward, lock=threading.Lock()), ["a"], ["b"])
   with pytest.raises(ValueError, match="num_workers"):
     RewardRuntime(0)
 
