@@ -12,6 +12,8 @@ grader decided. Scorers:
   math-verify  math-verify alone, as its README shows: ``verify(parse(gold), parse(completion))``
                with the default extraction configs (its own extraction finds the final answer
                in the whole completion); the reference is wrapped in ``$...$`` like ours.
+  mv-on-ours   math-verify's parse + verify of the answer *our* extraction finds (wrapped in
+               ``$...$``; none or malformed = reject): the comparison alone, extraction fixed.
   baseline     optional: ``MathReward()`` from another copy of math_reward.py (e.g. an older
                commit's), in-process.
 Agreement = rows whose verdict the scorer reproduces / rows.
@@ -30,6 +32,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
 from rlvr_jax import rewards  # noqa: E402
+from rlvr_jax.rewards.math_extract import find_final_answer  # noqa: E402
 
 
 def load_table(path: str):
@@ -48,6 +51,18 @@ def math_verify_alone(completion: str, reference: str) -> bool:
   return bool(gold) and bool(pred) and bool(math_verify.verify(gold, pred))
 
 
+def math_verify_on_extracted(completion: str, reference: str) -> bool:
+  """math-verify on the answer our extraction finds (isolates the comparison from extraction)."""
+  import math_verify  # noqa: PLC0415
+
+  found = find_final_answer(completion)
+  if found.text is None or found.malformed:
+    return False
+  gold = math_verify.parse(reference if "$" in reference else f"${reference}$")
+  pred = math_verify.parse(f"${found.text}$")
+  return bool(gold) and bool(pred) and bool(math_verify.verify(gold, pred))
+
+
 def through_runtime(reward, rows, workers: int) -> list[bool]:
   with rewards.RewardRuntime(num_workers=workers, timeout_s=30.0) as runtime:
     result = runtime.run(
@@ -61,6 +76,7 @@ def through_runtime(reward, rows, workers: int) -> list[bool]:
 def baseline_verdicts(path: str, rows) -> list[bool]:
   spec = importlib.util.spec_from_file_location("baseline_math_reward", path)
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
   spec.loader.exec_module(module)
   reward = module.MathReward()
   return [bool(reward.score_item("q", r.completion, answer=r.reference)["correct"]) for r in rows]
@@ -84,6 +100,7 @@ def main() -> None:
   if args.baseline_file:
     scorers["baseline"] = baseline_verdicts(args.baseline_file, rows)
   scorers["math-verify"] = [math_verify_alone(r.completion, r.reference) for r in rows]
+  scorers["mv-on-ours"] = [math_verify_on_extracted(r.completion, r.reference) for r in rows]
   elapsed = time.perf_counter() - start
 
   families = list(dict.fromkeys(r.family for r in rows))

@@ -91,15 +91,17 @@ _THOUSANDS_RE = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+|(?: \d{3})+)(?![\d
 _UNIT_WORDS = (
   "degrees|degree|centimeters|centimeter|cm|meters|meter|kilometers|km|mm|inches|inch|feet|foot|"
   "ft|yards|yard|miles|mile|units|unit|square|sq|dollars|dollar|cents|cent|hours|hour|hrs|hr|"
-  "minutes|minute|min|seconds|second|sec|mph|kg|grams|gram|g|pounds|pound|lbs|lb|liters|liter|"
-  "ml|days|day|weeks|week|years|year|m|s"
+  "minutes|minute|min|seconds|second|sec|mph|kg|grams|gram|pounds|pound|lbs|lb|liters|liter|"
+  "ml|days|day|weeks|week|years|year"
 )
 _TEXT_UNIT_RE = re.compile(
-  r"(?<=[\d}])\s*\\(?:text|mathrm|mbox|textrm|operatorname)\s*\{[\sa-zA-Z/.~]*\}(?:\^\{?\d\}?)?"
+  r"(?<=[\w}])\s*\\(?:text|mathrm|mbox|textrm)\s*\{[\sa-zA-Z/.~]*\}(?:\^\{?\d\}?)?"
 )
 _WORD_UNIT_RE = re.compile(
   rf"(?<=[\d}}])\s*(?:{_UNIT_WORDS})(?:\s*/\s*(?:{_UNIT_WORDS}))?(?:\^\{{?\d\}}?|\d)?(?![a-zA-Z])"
 )
+# One-letter units only after a space and at the end: "3m" or "2 m + 1" may be algebra.
+_LETTER_UNIT_RE = re.compile(r"(?<=\d)\s+[msg](?:\s*/\s*[sh])?(?:\^\{?\d\}?|\d)?$")
 _DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree")
 _PERCENT_RE = re.compile(r"(?:\\%|%|\\text\{\s*percent\s*\}|\s+percent)\s*$")
 _UNWRAP_RE = re.compile(
@@ -150,7 +152,7 @@ def _clean_part(text: str) -> tuple[str, bool]:
   text = _PERCENT_RE.sub("", text)
   text = _DEGREE_RE.sub("", text)
   text = _TEXT_UNIT_RE.sub("", text)
-  text = _WORD_UNIT_RE.sub("", text).strip()
+  text = _LETTER_UNIT_RE.sub("", _WORD_UNIT_RE.sub("", text)).strip()
   for _ in range(3):
     text = _UNWRAP_RE.sub(r"\1", text).strip()
   while len(text) > 1 and text[0] == "{" and text[-1] == "}" and _balanced(text[1:-1]):
@@ -346,6 +348,8 @@ def _math_verify_equal(pred: str, gold: str, timeout_s: float | None) -> bool:
 def _part_equal(p: _Part, g: _Part, tol: float, use_math_verify: bool, timeout_s) -> bool:
   if p.norm == g.norm:
     return True
+  if re.fullmatch(r"[a-zA-Z]{2,}", p.norm) and p.norm.lower() == g.norm.lower():
+    return True  # words ("Yes" / "yes"); single letters stay case sensitive (variables)
   x, y = parse_number(p.norm), parse_number(g.norm)
   if x is not None and y is not None:
     return _numbers_equal(x, y, tol) or (
