@@ -57,16 +57,20 @@ def test_last_number_fallback_is_opt_in_and_never_rescues_a_malformed_answer():
   assert lenient.score_item("q", "6 times 7 is 41", answer="42")["correct"] == 0.0
   # A marked answer always wins over the fallback, and a malformed one is not replaced by it.
   assert lenient.score_item("q", r"it is 42, so \boxed{41}", answer="42")["correct"] == 0.0
-  malformed = [r for r in ROWS if r.family == "malformed"]
-  assert len(malformed) >= 10
-  for row in malformed:
-    assert lenient.score_item("q", row.completion, answer=row.reference)["correct"] == 0.0, row
-  # The unmarked rows the default rejects are exactly the ones the fallback can credit.
+  # So the fallback changes no verdict outside the unmarked family (malformed ones included).
+  assert sum(r.family == "malformed" and not r.verdict for r in ROWS) >= 10
+  for row in ROWS:
+    if row.family != "unmarked":
+      score = lenient.score_item("q", row.completion, answer=row.reference)
+      assert bool(score["correct"]) is row.verdict, row
+  # The unmarked rows the default rejects are credited by the fallback exactly when their last
+  # number is the reference.
   unmarked_rows = [r for r in ROWS if r.family == "unmarked"]
-  credited = [
-    lenient.score_item("q", r.completion, answer=r.reference)["correct"] for r in unmarked_rows
-  ]
-  assert credited == [1.0, 1.0, 0.0, 0.0]
+  for row in unmarked_rows:
+    expected = math_extract.last_number(row.completion) == row.reference
+    credited = lenient.score_item("q", row.completion, answer=row.reference)["correct"]
+    assert credited == float(expected), row
+  assert sum(math_extract.last_number(r.completion) == r.reference for r in unmarked_rows) >= 3
 
 
 def test_find_final_answer_reports_mode_and_malformed():
