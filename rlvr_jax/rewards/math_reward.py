@@ -107,7 +107,7 @@ _PERCENT_RE = re.compile(r"(?:\\%|%|\\text\{\s*percent\s*\}|\s+percent)\s*$")
 _UNWRAP_RE = re.compile(
   r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|boxed|displaystyle|bf|rm)\s*\{([^{}]*)\}"
 )
-_EQUATION_LHS_RE = re.compile(r"^[^=<>!]*(?<![<>!\\])=(?!=)")
+_EQUATION_SPLIT_RE = re.compile(r"(?<![<>!=\\])=(?!=)")
 _SEPARATOR_RE = re.compile(
   r",|;|\\text\{\s*(?:or|and)\s*\}|\s+(?:or|and)\s+|\\lor(?![a-zA-Z])|\\vee(?![a-zA-Z])"
 )
@@ -146,8 +146,7 @@ def _clean_whole(text: str) -> str:
 def _clean_part(text: str) -> tuple[str, bool]:
   """(cleaned part, had a percent sign). See the module docstring, step 0."""
   text = text.strip().rstrip(".").strip()
-  if _EQUATION_LHS_RE.match(text):
-    text = _EQUATION_LHS_RE.sub("", text, count=1).strip()
+  text = _EQUATION_SPLIT_RE.split(text)[-1].strip()  # "x = 3" -> "3"
   percent = _PERCENT_RE.search(text) is not None
   text = _PERCENT_RE.sub("", text)
   text = _DEGREE_RE.sub("", text)
@@ -377,6 +376,10 @@ def math_equal(
   preds, golds = _parts(str(pred)), _parts(gold)
   if any(_malformed(p) for p in preds):
     return False
+  if len(golds) > 1 and len(preds) == 1:  # "(3, 4)" or "\{3, 4\}" for the listed values 3, 4
+    inner = re.fullmatch(r"\(([^()]*)\)|\\\{(.*)\\\}", preds[0].text)
+    if inner:
+      preds = _parts(inner[1] if inner[1] is not None else inner[2])
 
   def equal(p: _Part, g: _Part) -> bool:
     return _part_equal(p, g, tol, use_math_verify, timeout_s)
@@ -391,9 +394,8 @@ def math_equal(
     return not unmatched
   if len(preds) > 1:  # several answers to one question: credited only if all are right
     return all(equal(p, golds[0]) for p in preds)
-  if len(golds) > 1:  # one predicted object against a list: a set literal, say
-    joined = ", ".join(g.text for g in golds)
-    return use_math_verify and _math_verify_equal(preds[0].text, joined, timeout_s)
+  if len(golds) > 1:  # one answer for a list of several
+    return False
   return equal(preds[0], golds[0])
 
 

@@ -210,6 +210,9 @@ _RAW = [
   ("structure", r"The set is $\boxed{(-\infty, 2)}$.", r"(-\infty,2]", False, "endpoint excluded"),
   ("structure", r"The set is $\boxed{[1,3]}$.", r"[1,3]\cup[5,6]", False, "missing a piece"),
   ("structure", r"The roots are $\boxed{\{1, 3\}}$.", r"\{1,2\}", False, "different set"),
+  ("structure", r"The values are $\boxed{(3, 4)}$.", "3, 4", True, "listed values written as a tuple"),
+  ("structure", r"The roots are $\boxed{\{-2, 3\}}$.", "3, -2", True, "a set for a list of solutions"),
+  ("structure", r"The values are $\boxed{(3, 5)}$.", "3, 4", False, "one value wrong"),
   ("structure", r"The vector is $\boxed{\begin{pmatrix}1\\2\end{pmatrix}}$.", r"\begin{pmatrix}1\\2\end{pmatrix}", True, "same matrix"),
   ("structure", r"The vector is $\boxed{\begin{pmatrix}2\\1\end{pmatrix}}$.", r"\begin{pmatrix}1\\2\end{pmatrix}", False, "entries swapped"),
   # --- negative numbers --------------------------------------------------------------------------
