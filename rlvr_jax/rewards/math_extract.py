@@ -5,8 +5,10 @@ Extraction modes, each a way of *marking* a final answer:
                    one TeX token). Boxes joined to the last one within its sentence ("\boxed{3}
                    or \boxed{4}") are kept together as several answers.
   ``answer_tag``   the last ``<answer>...</answer>`` (a box inside it wins).
-  ``answer_line``  the text after the last "answer is" / "answer:" marker ("The final answer is
-                   $x$.", "Final Answer: x", "**Answer:** x"), up to the end of its sentence.
+  ``answer_line``  the text after the last "answer is" / "answer:" / "final answer" marker ("The
+                   final answer is $x$.", "Final Answer: x", "**Answer:** x", a "**Final
+                   Answer**" heading), up to the end of its sentence; a display block
+                   (``\[...\]``, ``$$...$$``) right after the marker is taken whole.
   ``gsm8k``        the last ``#### <number>``.
 Modes are tried in order; the first that finds its marker decides, even when what follows the
 marker is malformed (a box cut off by the length limit is a wrong answer, not a reason to go
@@ -32,7 +34,12 @@ SEVERAL_SEPARATOR = r" \text{ or } "  # joins several boxed answers of one sente
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_ANSWER_MARK_RE = re.compile(r"answer(?:\s*\**\s*is|\s*\**\s*:)\s*:?\s*\**\s*", re.IGNORECASE)
+# "final answer" (a heading too), or "answer" followed by "is" / ":"; not "to answer this".
+_ANSWER_MARK_RE = re.compile(
+  r"(?:\bfinal\s+answer\b|\banswer(?=[\s*]*(?:is\b|:)))[\s*]*(?:is\b)?[\s*]*:?[\s*]*",
+  re.IGNORECASE,
+)
+_DISPLAY_RE = re.compile(r"\\\[(.*?)\\\]|\$\$(.*?)\$\$", re.DOTALL)
 _GSM8K_RE = re.compile(r"####\s*\$?\s*([-−]?[0-9][0-9,]*(?:\.[0-9]+)?)")
 _NUMBER_RE = re.compile(r"[-−]?[0-9][0-9,]*(?:\.[0-9]+)?|[-−]?\.[0-9]+")
 _SENTENCE_END_RE = re.compile(r"[.!?](?:\s|$)|\n")
@@ -113,7 +120,11 @@ def _final_answer_line(text: str) -> FinalAnswer | None:
   marks = list(_ANSWER_MARK_RE.finditer(text))
   if not marks:
     return None
-  rest = text[marks[-1].end() :].split("\n", 1)[0]
+  rest = text[marks[-1].end() :]
+  display = _DISPLAY_RE.match(rest)  # "The final answer is:\n\\[ x \\]"
+  if display:
+    rest = (display[1] if display[1] is not None else display[2]).strip()
+  rest = rest.split("\n", 1)[0]
   end = _SENTENCE_END_RE.search(rest)
   answer = (rest[: end.start()] if end else rest).strip().strip("*").strip()
   if answer.count("$") % 2:  # "$\frac{3}{" cut off before the closing dollar

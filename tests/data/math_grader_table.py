@@ -248,6 +248,9 @@ _RAW = [
   ("marker", "Adding them, we get 42.\n**Answer:** 42", "42", True, "markdown bold Answer:"),
   ("marker", "Adding them, we get 42.\nThe final answer is $42$.", "42", True, "final answer is $...$"),
   ("marker", "<think>6*7</think>\n<answer>42</answer>", "42", True, "answer tag"),
+  ("marker", "The final answer is:\n\n42", "42", True, "answer on the line after the marker"),
+  ("marker", "**Final Answer**\n42", "42", True, "markdown heading, then the answer"),
+  ("marker", "The final answer is:\n\\[\n\\frac{1}{2}\n\\]", "0.5", True, "display block after the marker"),
   ("marker", "<answer>The answer is \\boxed{42}</answer>", "42", True, "box inside the answer tag"),
   ("marker", "Sum of the two.\n#### 42", "42", True, "GSM8K ####"),
   ("marker", r"So $\boxed{\text{(B)}}$.", "B", True, "choice letter in text"),
@@ -265,6 +268,7 @@ _RAW = [
   ("unmarked", "Adding them, we get 42.", "42", False, "no marked answer; default credits only marked answers"),
   ("unmarked", "6 times 7 is 42", "42", False, "no marked answer"),
   ("unmarked", "I am not sure how to solve this.", "42", False, "no answer at all"),
+  ("unmarked", "To answer this, note that 6*7 = 42.", "42", False, "'answer' as a verb is no marker"),
   ("unmarked", "", "42", False, "empty completion"),
   # --- malformed or truncated final answers ------------------------------------------------------
   ("malformed", r"So the answer is $\boxed{3", "3", False, "unclosed box (truncated)"),
