@@ -137,6 +137,7 @@ def _clean_whole(text: str) -> str:
   text = text.replace(r"\$", "").replace("$", "").replace(r"\[", "").replace(r"\]", "")
   text = text.replace(r"\left", "").replace(r"\right", "").replace(r"\displaystyle", "")
   text = text.replace(r"\dfrac", r"\frac").replace(r"\tfrac", r"\frac")
+  text = text.replace(r"\varnothing", r"\emptyset").replace(r"\{\}", r"\emptyset")
   text = text.replace(r"\text{,}", ",").replace("{,}", ",")
   text = _SPACES_RE.sub(" ", text).strip()
   text = re.sub(r"\s+", " ", text)
@@ -392,7 +393,12 @@ def math_equal(
         return False
       unmatched.pop(hit)
     return not unmatched
-  if len(preds) > 1:  # several answers to one question: credited only if all are right
+  if len(preds) > 1:
+    tuple_gold = re.fullmatch(r"\(([^()]*)\)", golds[0].text)
+    if tuple_gold:  # "x = 2, y = 3" for the pair (2, 3): in order
+      coords = _parts(tuple_gold[1])
+      return len(coords) == len(preds) and all(map(equal, preds, coords))
+    # Several answers to one question: credited only if all are right ("3 or 4" is not).
     return all(equal(p, golds[0]) for p in preds)
   if len(golds) > 1:  # one answer for a list of several
     return False
