@@ -7,7 +7,8 @@ Extraction modes, each a way of *marking* a final answer:
   ``answer_tag``   the last ``<answer>...</answer>`` (a box inside it wins).
   ``answer_line``  the text after the last "answer is" / "answer:" / "final answer" marker ("The
                    final answer is $x$.", "Final Answer: x", "**Answer:** x", a "**Final
-                   Answer**" heading), up to the end of its sentence; a display block
+                   Answer**" heading), up to the end of its sentence or a justification
+                   (", since ...", "because ...", "(twelve)"); a display block
                    (``\[...\]``, ``$$...$$``) right after the marker is taken whole.
   ``gsm8k``        the last ``#### <number>``.
 Modes are tried in order; the first that finds its marker decides, even when what follows the
@@ -38,6 +39,10 @@ _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE
 _ANSWER_MARK_RE = re.compile(
   r"(?:\bfinal\s+answer\b|\banswer(?=[\s*]*(?:is\b|:)))[\s*]*(?:is\b)?[\s*]*:?[\s*]*",
   re.IGNORECASE,
+)
+# A justification after the answer on its line: "The answer is 3, since ...", "12 (twelve)".
+_CLAUSE_RE = re.compile(
+  r",?\s+(?:since|because|as|which|so that|given that|where)\b|\s+\((?=\s*[a-zA-Z]{2,}[a-zA-Z\s]*\))"
 )
 _DISPLAY_RE = re.compile(r"\\\[(.*?)\\\]|\$\$(.*?)\$\$", re.DOTALL)
 _GSM8K_RE = re.compile(r"####\s*\$?\s*([-−]?[0-9][0-9,]*(?:\.[0-9]+)?)")
@@ -126,7 +131,9 @@ def _final_answer_line(text: str) -> FinalAnswer | None:
     rest = (display[1] if display[1] is not None else display[2]).strip()
   rest = rest.split("\n", 1)[0]
   end = _SENTENCE_END_RE.search(rest)
-  answer = (rest[: end.start()] if end else rest).strip().strip("*").strip()
+  answer = rest[: end.start()] if end else rest
+  clause = _CLAUSE_RE.search(answer)
+  answer = (answer[: clause.start()] if clause else answer).strip().strip("*").strip()
   if answer.count("$") % 2:  # "$\frac{3}{" cut off before the closing dollar
     return FinalAnswer(answer, "answer_line", malformed=True)
   answer = answer.replace("$", "").strip()

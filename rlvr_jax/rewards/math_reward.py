@@ -157,7 +157,7 @@ def _clean_part(text: str) -> tuple[str, bool]:
     text = _UNWRAP_RE.sub(r"\1", text).strip()
   while len(text) > 1 and text[0] == "{" and text[-1] == "}" and _balanced(text[1:-1]):
     text = text[1:-1].strip()
-  text = re.sub(r"^\(\s*([A-Ea-e])\s*\)$", r"\1", text)  # (B) -> B
+  text = re.sub(r"^(?:(?:option|choice)\s*)?\(\s*([A-Ea-e])\s*\)$", r"\1", text, flags=re.I)  # (B)
   over = re.fullmatch(r"(.+?)\\over(?![a-zA-Z])(.+)", text)
   if over:
     text = rf"\frac{{{over[1].strip()}}}{{{over[2].strip()}}}"
