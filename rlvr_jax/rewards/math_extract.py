@@ -35,14 +35,17 @@ SEVERAL_SEPARATOR = r" \text{ or } "  # joins several boxed answers of one sente
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-# "final answer" (a heading too), or "answer" followed by "is" / ":"; not "to answer this".
+# "final answer(s)" (a heading too), or "answer(s)" followed by "is" / "are" / ":"; not "to
+# answer this".
 _ANSWER_MARK_RE = re.compile(
-  r"(?:\bfinal\s+answer\b|\banswer(?=[\s*]*(?:is\b|:)))[\s*]*(?:is\b)?[\s*]*:?[\s*]*",
+  r"(?:\bfinal\s+answers?\b|\banswers?(?=[\s*]*(?:is\b|are\b|:)))"
+  r"[\s*]*(?:is\b|are\b)?[\s*]*:?[\s*]*",
   re.IGNORECASE,
 )
 # A justification after the answer on its line: "The answer is 3, since ...", "12 (twelve)".
 _CLAUSE_RE = re.compile(
-  r",?\s+(?:since|because|as|which|so that|given that|where)\b|\s+\((?=\s*[a-zA-Z]{2,}[a-zA-Z\s]*\))"
+  r",?\s+(?:since|because|as|which|so that|given that|where)\b"
+  r"|\s+\((?=\s*[a-zA-Z]{2,}[a-zA-Z\s]*\))"
 )
 _DISPLAY_RE = re.compile(r"\\\[(.*?)\\\]|\$\$(.*?)\$\$", re.DOTALL)
 _GSM8K_RE = re.compile(r"####\s*\$?\s*([-−]?[0-9][0-9,]*(?:\.[0-9]+)?)")

@@ -309,6 +309,8 @@ _RAW = [
   ("several", r"So $\boxed{\pm 3}$.", "3, -3", True, "plus-minus gives both solutions"),
   ("several", r"So $\boxed{x = 3 \text{ or } x = -3}$.", r"\pm 3", True, "both solutions with or"),
   ("several", r"So $\boxed{3}$.", "3, -3", False, "one of two solutions"),
+  ("several", "The answers are 2 and 3.", "2, 3", True, "plural marker, both solutions"),
+  ("several", "The answers are 2 and 4.", "2, 3", False, "plural marker, one solution wrong"),
   ("several", _SELF_CORRECTION, "4", True, "self-correction: the last answer counts"),
   ("several", _SELF_CORRECTION, "3", False, "self-correction: the earlier answer does not count"),
   ("several", r"We have $3 + 4 = 7$ and $7 \cdot 2 = 14$, so $\boxed{15}$.", "7", False, "right number only in the working"),
