@@ -11,7 +11,8 @@ Conventions decided here (also in docs/design.md, rewards section):
   reference ``p/100`` (the same quantity). A bare ``p`` does not match a reference ``p/100``.
 - Units and currency are dropped when they follow a number; unit conversion is not done.
 - ``2\frac{1}{2}`` (a digit string then a numeric fraction) is the mixed number 5/2.
-- A rounded decimal is not an exact surd / pi answer.
+- A rounded decimal (3.14, 1.414) is not an exact pi / surd answer; one that agrees to 1e-6 is
+  credited, as a decimal of a fraction is.
 - Several different final answers to a single-valued question are wrong (hedging), as is a
   final answer that is malformed or cut off, even when the right number appears in it.
 
