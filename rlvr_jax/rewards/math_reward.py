@@ -198,13 +198,11 @@ def _split_top(text: str) -> list[str]:
 
 
 def _expand_pm(text: str) -> list[str]:
-  match = re.fullmatch(r"(.*?)\\(?:pm|mp)(?![a-zA-Z])(.+)", text)
-  if match is None:
+  """``a \\pm b`` -> [a + b, a - b] (one sign; ``\\frac{-1 \\pm \\sqrt5}{2}`` works in place)."""
+  signs = re.findall(r"\\(?:pm|mp)(?![a-zA-Z])", text)
+  if len(signs) != 1:
     return [text]
-  head, tail = match[1].strip(), match[2].strip()
-  if not head:
-    return [tail, f"-{tail}" if re.fullmatch(r"[\w.\\{}]+", tail) else f"-({tail})"]
-  return [f"{head}+{tail}", f"{head}-({tail})"]
+  return [re.sub(r"\\(?:pm|mp)(?![a-zA-Z])", sign, text).strip() for sign in ("+", "-")]
 
 
 def _parts(answer: str) -> list[_Part]:

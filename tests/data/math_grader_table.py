@@ -309,6 +309,8 @@ _RAW = [
   ("several", r"So $\boxed{\pm 3}$.", "3", False, "plus-minus is two answers"),
   ("several", r"So $\boxed{\pm 3}$.", "3, -3", True, "plus-minus gives both solutions"),
   ("several", r"So $\boxed{x = 3 \text{ or } x = -3}$.", r"\pm 3", True, "both solutions with or"),
+  ("several", r"So $\boxed{\frac{-1+\sqrt5}{2}, \frac{-1-\sqrt5}{2}}$.", r"\frac{-1\pm\sqrt{5}}{2}", True, "both roots for a plus-minus inside a fraction"),
+  ("several", r"So $\boxed{\frac{-1+\sqrt5}{2}}$.", r"\frac{-1\pm\sqrt{5}}{2}", False, "one root of two"),
   ("several", r"So $\boxed{3}$.", "3, -3", False, "one of two solutions"),
   ("several", "The answers are 2 and 3.", "2, 3", True, "plural marker, both solutions"),
   ("several", "The answers are 2 and 4.", "2, 3", False, "plural marker, one solution wrong"),
