@@ -5,10 +5,10 @@ rows) and the trainer from one full forward pass (B * (S + T) rows). XLA:CPU pic
 by shape (at these widths, up to ~32 rows go to a different kernel than 48 or more), so the two
 sum the same products in different orders and differ by float32 rounding, not by a formula: each
 is as close to a float64 evaluation as the other (docs/design.md, "Sampling": parity on the real
-model). The float64 truth is an independent NumPy forward pass (``rlvr_jax.model.reference``), so a real decode-path bug (a
-masked slot leaking, a position off by one) shows as one path being far worse than the other.
-Slow (~1 min): one 64-token rollout of 8 rows (4 prompts, one sampled and one greedy row each),
-float64 on 4 of them.
+model). The float64 truth is an independent NumPy forward pass (``rlvr_jax.model.reference``),
+so a real decode-path bug (a masked slot leaking, a position off by one) shows as one path being
+far worse than the other. Slow (~50 s of CPU): one 64-token rollout of 8 rows (4 prompts, one
+sampled and one greedy row each), float64 on 4 of them.
 """
 
 import jax
