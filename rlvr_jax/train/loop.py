@@ -106,7 +106,8 @@ class Trainer:
     step_key = (
       self.model_config,
       c.optim.to_json(),
-      r.num_steps * self.updates_per_step,
+      # the schedule's length (a constant schedule has none: runs of any length share a step)
+      None if c.optim.schedule == "constant" else r.num_steps * self.updates_per_step,
       c.objective.name,
       tuple(sorted(kwargs.items())),
       r.num_microbatches,
