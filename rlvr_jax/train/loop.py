@@ -52,6 +52,10 @@ class Trainer:
   every process constructs the same Trainer; checkpoints are written collectively into
   ``config.workdir``, only the primary process logs there, the others into
   ``<workdir>/process_<i>``.
+
+  The workdir's lifecycle is ``train.rundir``'s: a resume of a different experiment raises
+  ``ConfigError`` here; for a run already complete (``self.finished``, its summary) nothing is
+  built and ``run()`` returns that summary without writing anything.
   """
 
   def __init__(self, config, *, log=print, layout: Layout | None = None):
