@@ -183,3 +183,14 @@ def test_extending_a_decaying_schedule_is_refused(tmp_path):
   c.optim.schedule = "constant"
   with pytest.raises(config_lib.ConfigError, match="optim.schedule: 'cosine' -> 'constant'"):
     rundir.check_resume(c, latest_step=2)
+
+
+def test_fields_added_or_removed_by_the_code_do_not_count_as_changes():
+  current = rundir.resolved(config_lib.base_config())
+  saved = {k: v for k, v in current.items() if k != "sampling.phase_steps"}  # added later
+  saved["rl.old_removed_option"] = 3  # since removed from the code
+  assert rundir.differences(saved, current) == []
+  current["sampling.phase_steps"] = 0  # a new field away from its default is a change
+  assert rundir.differences(saved, current) == [("sampling.phase_steps", 32, 0)]
+  current["rl.num_steps"], current["logging.plot"] = 999, False  # length and logging are not
+  assert [f for f, *_ in rundir.differences(saved, current)] == ["sampling.phase_steps"]

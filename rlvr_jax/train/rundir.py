@@ -18,7 +18,7 @@ again into the same workdir (``checkpoint.resume=True``, the default):
 With a decaying learning-rate schedule (``optim.schedule`` cosine / linear) the schedule's length
 is ``rl.num_steps``, so changing it changes every step's learning rate: extending is refused there
 too. A field the saved config lacks (added to the code after the run started) counts as unchanged
-when it has its ``base_config`` default.
+when it has its ``base_config`` default; a field the code no longer has is ignored.
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def differences(saved: dict, current: dict) -> list[tuple[str, object, object]]:
   """``(field, saved value, new value)`` of every experiment-defining field that differs."""
   defaults = resolved(config_lib.base_config())
   out = []
-  for field in sorted(set(saved) | set(current)):
+  for field in sorted(current):  # a field the code no longer has cannot change the run
     if not _defining(field):
       continue
-    old, new = saved.get(field, defaults.get(field)), current.get(field, defaults.get(field))
+    old, new = saved.get(field, defaults.get(field)), current[field]
     if old != new:
       out.append((field, old, new))
   return out
