@@ -145,6 +145,12 @@ def check_overrides(config, argv: list[str]) -> None:
   for name, arg in override_fields(argv):
     if name in fields:
       continue
+    inside = [f for f in fields if f.startswith(name + ".")]
+    if inside:
+      raise UsageError(
+        f"config.{name}: a block of fields, not a value ({arg}); set one of its fields, "
+        f"e.g. --config.{inside[0]}=..."
+      )
     near = closest_fields(name, fields)
     hint = f"; did you mean {' or '.join('config.' + n for n in near)}?" if near else ""
     raise UsageError(f"config.{name}: no such field ({arg}){hint} (--help lists the fields)")
@@ -159,6 +165,8 @@ def explain_flag_error(error: Exception, config) -> str:
     field = name[len("config.") :]
     current = flatten(config).get(field) if config is not None else None
     kind = type(current).__name__ if current is not None else "value"
+    if isinstance(current, bool):
+      reason = "not a boolean"
     return f"{name}: {reason} (got {value!r}; expected {kind}, default {current!r})"
   return text.splitlines()[0] if text else type(error).__name__
 

@@ -71,3 +71,12 @@ def test_experiment_names_resolve_to_files():
   assert "ablation_toy" not in cli.experiment_names()  # no get_config(): not an experiment
   with pytest.raises(cli.UsageError, match="no experiment of that name.*default"):
     cli.resolve_experiment("defualt")
+
+
+def test_override_of_a_block_or_unknown_field_is_named():
+  c = config_lib.base_config()
+  with pytest.raises(cli.UsageError, match=r"config.rl: a block of fields, not a value"):
+    cli.check_overrides(c, ["prog", "--config.rl=3"])
+  with pytest.raises(cli.UsageError, match=r"did you mean config.logging.plot\?"):
+    cli.check_overrides(c, ["prog", "--noconfig.logging.plott"])
+  cli.check_overrides(c, ["prog", "--config.rl.num_steps=3", "--noconfig.logging.plot"])
