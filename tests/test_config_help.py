@@ -18,7 +18,8 @@ def test_every_field_has_help_and_no_help_is_stale():
   stale = [f for f in config_help.FIELD_HELP if f not in fields]
   assert not stale, f"FIELD_HELP entries for fields that no longer exist: {stale}"
   assert all(f in fields for f in config_help.CHOICES)
-  assert all("\n" not in h and len(h) <= 100 for h in config_help.FIELD_HELP.values())
+  for field, text in config_help.FIELD_HELP.items():
+    assert isinstance(text, str) and "\n" not in text and len(text) <= 100, field
 
 
 def test_choices_are_the_values_validate_accepts():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 
 from rlvr_jax import losses
+from rlvr_jax.data import tasks
 from rlvr_jax.train import config as config_lib
 
 FIELD_HELP: dict[str, str] = {
@@ -119,7 +120,9 @@ CHOICES: dict[str, tuple] = {
   "model.dtype": ("float32", "bfloat16"),
   "tokenizer.kind": ("char", "model"),
   "data.source": ("task", "files"),
+  "data.task.name": tuple(sorted(tasks.TASKS)),
   "data.task.style": ("bare", "word"),
+  "reward.name": ("arithmetic", "math", "countdown"),  # train.build.build_reward
   "rl.advantage": tuple(sorted(config_lib.ADVANTAGES)),
   "rl.zero_variance": config_lib.ZERO_VARIANCE,
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
