@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 STAMP=.venv/.rlvr_jax_setup_stamp
-want=$({ cat tools/setup.sh pyproject.toml; .venv/bin/python -VV; } | sha256sum | cut -d' ' -f1)
+SUM=$(command -v sha256sum || echo "shasum -a 256")  # macOS has only shasum
+want=$({ cat tools/setup.sh pyproject.toml; .venv/bin/python -VV; } | $SUM | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   echo "tools/setup.sh: .venv is up to date (pyproject.toml, setup.sh, python unchanged): nothing to do"
   exit 0
