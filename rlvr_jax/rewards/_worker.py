@@ -2,12 +2,12 @@
 
 Started as ``python -c "from rlvr_jax.rewards._worker import main; main()" <fd>``; talks to the
 parent over a socket (a ``multiprocessing.connection.Connection``). Unlike multiprocessing's
-spawn/forkserver children it does not re-import the parent's ``__main__`` (a trainer script that
-imports jax would otherwise load jax in every worker), except when a reward function is defined
-there, and then only once, on demand.
+spawn/forkserver children it never re-imports the parent's ``__main__`` (a trainer script that
+imports jax would otherwise load jax in every worker): reward functions defined there arrive by
+value (``cloudpickle``, see ``runtime.dumps_reward``).
 
 Messages in:  ("init", sys_path, memory_limit_bytes)
-              ("job", job_id, fn_bytes, main_spec, [(index, payload), ...])
+              ("job", job_id, fn_bytes, None, [(index, payload), ...])
               ("stop",)
 Messages out: ("ready",) once after init; ("loaded",) | ("loadfail", message) per job
               ("ok", index, value, seconds) | ("err", index, cause, message, seconds)
@@ -18,11 +18,9 @@ from __future__ import annotations
 import multiprocessing.connection
 import pickle
 import resource
-import runpy
 import signal
 import sys
 import time
-import types
 from typing import Any
 
 import numpy as np
@@ -42,7 +40,7 @@ def run_unit(fn: Any, payload: tuple) -> Any:
   kind = payload[0]
   if kind == "item":
     _, prompt, completion, row = payload
-    return fn.score_item(prompt, completion, **row)
+    return _check_score(fn, fn.score_item(prompt, completion, **row))
   _, prompts, completions, fields = payload
   values = np.asarray(fn(prompts, completions, **fields), dtype=np.float32).reshape(-1)
   if values.shape[0] != len(completions):
@@ -50,23 +48,12 @@ def run_unit(fn: Any, payload: tuple) -> Any:
   return values.tolist()
 
 
-_main_loaded = False
-
-
-def _load_main(main_spec: tuple[str, str] | None) -> None:
-  """Makes the parent's ``__main__`` importable as ``__main__`` here (as multiprocessing does)."""
-  global _main_loaded
-  if main_spec is None or _main_loaded:
-    return
-  _main_loaded = True
-  kind, target = main_spec
-  if kind == "path":
-    namespace = runpy.run_path(target, run_name="__mp_main__")
-  else:
-    namespace = runpy.run_module(target, run_name="__mp_main__", alter_sys=True)
-  module = types.ModuleType("__mp_main__")
-  module.__dict__.update(namespace)
-  sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+def _check_score(fn: Any, score: Any) -> Any:
+  """``score_item`` must return a dict (the protocol); anything else fails the item here, with
+  a message, instead of breaking ``combine`` for the whole batch in the caller."""
+  if not isinstance(score, dict):
+    raise TypeError(f"{type(fn).__name__}.score_item returned {type(score).__name__}, not a dict")
+  return score
 
 
 def _serve(conn) -> None:
@@ -78,10 +65,9 @@ def _serve(conn) -> None:
       return
     if msg[0] == "stop":
       return
-    _, job_id, fn_bytes, main_spec, units = msg
+    _, job_id, fn_bytes, _, units = msg
     if cached_job != job_id:
       try:
-        _load_main(main_spec)
         fn = pickle.loads(fn_bytes)
       except BaseException as e:  # noqa: BLE001  (a configuration error: the whole job fails)
         conn.send(("loadfail", describe(e)))

@@ -19,6 +19,7 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
+from rlvr_jax.train import reward_config
 
 # Keyword arguments of the objectives that are arrays computed by the trainer, not settings.
 _ARRAY_INPUTS = {
@@ -146,7 +147,7 @@ def base_config() -> ConfigDict:
       bucket=8,
     )
   )
-  c.reward = ConfigDict(dict(name="arithmetic", num_workers=1, timeout_s=10.0))
+  c.reward = reward_config.reward_section()  # name or components: see train/reward_config.py
   c.sampling = ConfigDict(
     # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
     dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5, phase_steps=32)
@@ -279,9 +280,7 @@ def validate(c) -> None:
   )
   _need(c.data.num_eval >= 1, "data.num_eval", f"must be >= 1, got {c.data.num_eval}")
   _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
-  _need(c.reward.name in ("arithmetic", "math", "countdown"), "reward.name", f"{c.reward.name!r}")
-  _need(c.reward.num_workers >= 1, "reward.num_workers", "must be >= 1")
-  _need(c.reward.timeout_s > 0, "reward.timeout_s", "must be > 0")
+  reward_config.validate_reward(c)  # names, import paths, kwargs: builds the reward once
   s = c.sampling
   _need(s.num_samples >= 2, "sampling.num_samples", f"group RL needs G >= 2, got {s.num_samples}")
   _need(s.temperature > 0, "sampling.temperature", f"must be > 0, got {s.temperature}")
