@@ -334,7 +334,12 @@ class Trainer:
       drop_eval_at=c.rl.num_steps if start == c.rl.num_steps else None,
     )
     if self.host_state.get("eval_before") is None:
-      self.log(f"evaluating {len(self.heldout)} held-out problems (compiles the sampler) ...")
+      what = (
+        f"{c.env.num_eval} held-out episodes"
+        if self.multiturn
+        else (f"{len(self.heldout)} held-out problems")
+      )
+      self.log(f"evaluating {what} (compiles the sampler) ...")
       before = self.evaluate()
       self.host_state["eval_before"] = before
       writer.write(0, before)
