@@ -220,3 +220,12 @@ def test_same_episodes_on_one_device_and_on_8_device_mesh(params, pool, shape):
   np.testing.assert_array_equal(one["tokens"], many["tokens"])
   np.testing.assert_array_equal(one["policy_mask"], many["policy_mask"])
   np.testing.assert_allclose(one["sampler_logp"], many["sampler_logp"], atol=1e-5)
+
+
+def test_new_episodes_of_the_same_shapes_do_not_recompile(params, pool):
+  """Other seeds, turn counts and observation lengths within the buckets reuse every program."""
+  _rollout(params, pool, Temperature(1.0), seeds=[0, 1], specs=_specs([2, 3]))
+  fns = (mt.start_episodes, mt.begin_turn, mt.decode_chunk, mt.append)
+  sizes = [f._cache_size() for f in fns]
+  _rollout(params, pool, Temperature(1.0), seeds=[5, 6], specs=_specs([4, 1]))
+  assert [f._cache_size() for f in fns] == sizes
