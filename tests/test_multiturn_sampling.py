@@ -124,6 +124,8 @@ def test_cache_continuation_equals_reprefilling_the_history(params, pool):
   lengths = [len(t.action_ids) for e in got.episodes for t in e.turns]
   assert min(lengths) < 8 and max(lengths) == 8
   assert got.metrics["turns"] == 5
+  # Rows whose turn ended early were sent to the envs while the others still decoded.
+  assert got.metrics["env_submits"] > got.metrics["turns"]
 
 
 def test_context_limit_truncates_with_a_flag(params, pool):

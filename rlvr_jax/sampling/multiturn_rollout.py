@@ -143,6 +143,7 @@ def rollout_episodes(
   threshold = [[] for _ in range(B)]
   stats = {"decode_s": 0.0, "env_wait_s": 0.0, "env_step_s": [], "append_s": 0.0, "turns": 0}
   stats["holes"] = 0
+  stats["env_submits"] = 0  # env step batches sent; > turns when some went while decoding went on
 
   def record(host, b, ended_rows, texts):
     n = int(host.count[b])
@@ -192,6 +193,7 @@ def rollout_episodes(
           record(host, b, ended, texts)
       if texts:
         futures.append(submit(texts))
+        stats["env_submits"] += 1
       if not host.in_turn.any():
         state = after
         break
