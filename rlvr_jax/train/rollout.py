@@ -38,6 +38,11 @@ from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.config import ADVANTAGES
 from rlvr_jax.train.layout import Layout
 
+# Record fields passed to the reward function per row (besides ``answer``) when the records have
+# them: countdown's numbers / target, reasoning-gym's {task, config, entry}, HumanEval's tests,
+# code_prefix and entry_point.
+REWARD_FIELDS = ("numbers", "target", "reasoning_gym", "tests", "code_prefix", "entry_point")
+
 
 @dataclasses.dataclass
 class RolloutBatch:
@@ -185,7 +190,7 @@ class Collector:
     completions = self.tokenizer.decode_batch(tokens, cmask)
     rows = slice(g0 * num_samples, g1 * num_samples)
     fields = {"answer": [r["answer"] for r in records for _ in range(num_samples)]}
-    for extra in ("numbers", "target"):
+    for extra in REWARD_FIELDS:
       if records and extra in records[0]:
         fields[extra] = [r[extra] for r in records for _ in range(num_samples)]
     prompts = [t for t in texts for _ in range(num_samples)]
