@@ -14,8 +14,8 @@ Command:
 
 Expected result: held-out greedy accuracy (exact reversals of unseen words) rises during RL; see
 docs/results.md for a recorded run. Another task: ``--config.data.reasoning_gym.tasks=<name>``
-with its fields under ``data.reasoning_gym.task_config.<name>`` (a chat model and
-``answer_format="answer_tag"`` for tasks whose questions need words).
+with its fields as ``--config.data.reasoning_gym.task_config_json='{"<name>": {...}}'`` (a chat
+model and ``answer_format="answer_tag"`` for tasks whose questions need words).
 """
 
 import string

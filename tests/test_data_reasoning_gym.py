@@ -77,7 +77,7 @@ def test_unknown_task_is_a_config_error_with_closest_and_valid_names(tmp_path):
     ({"chain_sum": {"min_term": 2}}, "task_config.chain_sum.min_term", "not a field of"),
     ({"chain_sum": {"seed": 3}}, "task_config.chain_sum.seed", "data.seed"),
     ({"chain_sum": {"min_terms": 3, "max_terms": 2}}, "task_config.chain_sum", "max_terms"),
-    ({"leg_counting": {}}, "task_config.leg_counting", "not one of the tasks"),
+    ({"chain_sum": {}, "chain_sun": {"min_terms": 2}}, "task_config.chain_sun", "'chain_sum'"),
   ],
 )
 def test_bad_task_config_names_the_field(tmp_path, task_config, field, text):
@@ -146,3 +146,27 @@ def test_trainer_runs_on_a_reasoning_gym_task(tmp_path):
   assert summary["steps"] == 2 and {"eval/accuracy", "eval/pass@1"} <= set(summary["eval_after"])
   rewards_seen = [r["reward/mean"] for r in rows if "reward/mean" in r]
   assert len(rewards_seen) == 2 and all(0.0 <= v <= 1.0 for v in rewards_seen)
+
+
+def test_task_config_json_merges_and_unused_tasks_are_ignored(tmp_path):
+  c = _config(tmp_path, tasks="leg_counting", size=8)  # task_config still holds chain_sum's
+  c.data.reasoning_gym.task_config_json = '{"leg_counting": {"min_animals": 2, "max_animals": 2}}'
+  config_lib.validate(c)
+  train, _ = rgs.build_records(c.data)
+  assert {r["task"] for r in train} == {"leg_counting"}
+  assert all(len(r["reasoning_gym"]["entry"]["metadata"]["animals"]) == 2 for r in train)
+  c.data.reasoning_gym.task_config_json = '{"leg_counting": [1]}'
+  with pytest.raises(config_lib.ConfigError, match="task_config_json"):
+    config_lib.validate(c)
+
+
+def test_warm_start_streams_train_records_only(tmp_path):
+  from rlvr_jax.train import build
+
+  c = _config(tmp_path)
+  source, heldout = data_lib.build_sources(c.data)
+  warm = build.warm_start_source(c).take(64)
+  train_q = {r["prompt"] for r in source.records}
+  assert {r["prompt"] for r in warm} == train_q  # one shuffled epoch of the 64 train entries
+  assert [r["prompt"] for r in warm] != [r["prompt"] for r in source.take(64)]  # its own order
+  assert not train_q & {r["prompt"] for r in heldout}

@@ -23,6 +23,10 @@ Config (``data.reasoning_gym``):
     set is split evenly between them.
   task_config: per-task keyword arguments of the task's config dataclass, keyed by task name
     (``{"chain_sum": {"min_terms": 2, "max_terms": 2}}``); ``seed`` and ``size`` are set here.
+    Entries of registry tasks not in ``tasks`` are ignored (the command line cannot delete a key).
+  task_config_json: the same as a JSON object, merged over ``task_config`` field by field; the
+    command line can set it for any task
+    (``--config.data.reasoning_gym.task_config_json='{"leg_counting": {"max_animals": 3}}'``).
   size: N, the number of train entries.
   answer_format: "answer_tag" (the instruction asks for ``<answer>...</answer>`` and the reward
     scores the last such tag, reasoning-gym's convention) or "raw" (the whole completion, stripped:
@@ -36,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 
 ANSWER_FORMATS = ("answer_tag", "raw")
 ANSWER_INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
@@ -66,11 +71,34 @@ def task_names(rg_cfg) -> list[str]:
   return [n.strip() for n in names if n.strip()]
 
 
+def task_configs(rg_cfg) -> dict[str, dict]:
+  """Task name -> config kwargs: ``task_config`` with ``task_config_json`` merged over it."""
+  base = rg_cfg.get("task_config") or {}
+  out = {k: dict(v.to_dict() if hasattr(v, "to_dict") else v) for k, v in base.items()}
+  text = rg_cfg.get("task_config_json") or ""
+  if text.strip():
+    try:
+      extra = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise InvalidConfig("data.reasoning_gym.task_config_json", f"invalid JSON: {e}") from e
+    if not isinstance(extra, dict) or not all(isinstance(v, dict) for v in extra.values()):
+      raise InvalidConfig(
+        "data.reasoning_gym.task_config_json", 'expected {"task": {"field": value, ...}, ...}'
+      )
+    for name, kwargs in extra.items():
+      out[name] = {**out.get(name, {}), **kwargs}
+  return out
+
+
 def task_kwargs(rg_cfg, name: str) -> dict:
   """The config keyword arguments of task ``name`` (empty when none are given)."""
-  extra = rg_cfg.get("task_config") or {}
-  kwargs = extra.get(name) or {}
-  return dict(kwargs.to_dict() if hasattr(kwargs, "to_dict") else kwargs)
+  return dict(task_configs(rg_cfg).get(name) or {})
+
+
+def _unknown(name: str, known) -> str:
+  close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+  hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+  return f"unknown reasoning-gym task {name!r}; {hint}valid tasks: {', '.join(sorted(known))}"
 
 
 def check_config(data_cfg) -> None:
@@ -85,17 +113,12 @@ def check_config(data_cfg) -> None:
   known = registry()
   for name in names:
     if name not in known:
-      close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
-      hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-      raise InvalidConfig(
-        f"{field}.tasks",
-        f"unknown reasoning-gym task {name!r}; {hint}valid tasks: {', '.join(sorted(known))}",
-      )
+      raise InvalidConfig(f"{field}.tasks", _unknown(name, known))
   if len(set(names)) != len(names):
     raise InvalidConfig(f"{field}.tasks", f"a task is listed twice: {names}")
-  for name in (rg.get("task_config") or {}).keys():
-    if name not in names:
-      raise InvalidConfig(f"{field}.task_config.{name}", f"not one of the tasks {names}")
+  for name in task_configs(rg):  # a typo here would silently drop the task's settings
+    if name not in known:
+      raise InvalidConfig(f"{field}.task_config.{name}", _unknown(name, known))
   for name in names:
     kwargs = task_kwargs(rg, name)
     config_cls = known[name][1]

@@ -141,6 +141,7 @@ def base_config() -> ConfigDict:
       reasoning_gym=dict(
         tasks="chain_sum",
         task_config=ConfigDict(),
+        task_config_json="",  # JSON {task: {field: value}} merged over task_config (CLI)
         size=10_000,
         answer_format="answer_tag",
         prompt_template="{question}",
