@@ -256,6 +256,12 @@ class MathReward(protocol.ItemReward):
     if unknown:
       raise ValueError(f"unknown extraction modes {unknown}; choose from {sorted(_EXTRACTORS)}")
 
+  def warmup(self) -> None:
+    """Imports math-verify and runs one symbolic check (0.5-1 s cold), called by reward workers
+    before their first item so that it never counts against an item's timeout."""
+    if self.use_math_verify:
+      _math_verify_equal("\\frac{1}{2}", "0.5", None)
+
   def score_item(self, prompt: str, completion: str, *, answer: Any = None, **_: Any) -> dict:
     if answer is None:
       raise ValueError("MathReward needs the example field answer= (reference answers per row)")
