@@ -93,7 +93,6 @@ def warm_up(fn: Any, _depth: int = 0) -> None:
         warm_up(item, _depth + 1)
 
 
-
 def _load_main(main_spec: tuple[str, str] | None) -> None:
   """Makes the parent's ``__main__`` importable as ``__main__`` here (as multiprocessing does)."""
   global _main_loaded

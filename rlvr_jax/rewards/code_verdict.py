@@ -86,8 +86,10 @@ class _Splitter(ast.NodeTransformer):
   def visit_Call(self, node):  # noqa: N802
     func = node.func
     if isinstance(func, ast.Attribute) and (
-      isinstance(func.value, ast.Name) and func.value.id in SAFE_MODULES
-      or func.attr in PLAIN_METHODS and not isinstance(func.value, ast.Name)
+      isinstance(func.value, ast.Name)
+      and func.value.id in SAFE_MODULES
+      or func.attr in PLAIN_METHODS
+      and not isinstance(func.value, ast.Name)
     ):
       # ``math.isclose(...)`` or a plain type's method on a computed value (``f(x).strip()``):
       # the base and the arguments are split, the method runs here on the plain value. Other

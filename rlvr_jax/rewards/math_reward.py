@@ -233,6 +233,16 @@ def math_equal(
   return _math_verify_equal(pred, gold, timeout_s)
 
 
+_WARMUP_PAIRS = (
+  ("\\frac{1}{2}", "0.5"),
+  ("(x+1)^2", "x^2+2x+1"),
+  ("\\sqrt{8}", "2\\sqrt{2}"),
+  ("[1,2)", "[1, 2)"),
+  ("\\{1, 2\\}", "\\{2, 1\\}"),
+  ("x = 3", "3"),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class MathReward(protocol.ItemReward):
   """Math answer correctness. Needs the example field ``answer`` (per row).
@@ -257,10 +267,12 @@ class MathReward(protocol.ItemReward):
       raise ValueError(f"unknown extraction modes {unknown}; choose from {sorted(_EXTRACTORS)}")
 
   def warmup(self) -> None:
-    """Imports math-verify and runs one symbolic check (0.5-1 s cold), called by reward workers
-    before their first item so that it never counts against an item's timeout."""
+    """Imports math-verify and runs one check of each kind (1-2 s cold: sympy's simplification,
+    radicals, sets and intervals load lazily), called by reward workers before their first item
+    so that none of it counts against an item's timeout."""
     if self.use_math_verify:
-      _math_verify_equal("\\frac{1}{2}", "0.5", None)
+      for pred, gold in _WARMUP_PAIRS:
+        _math_verify_equal(pred, gold, None)
 
   def score_item(self, prompt: str, completion: str, *, answer: Any = None, **_: Any) -> dict:
     if answer is None:
