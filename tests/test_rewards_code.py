@@ -224,3 +224,40 @@ def test_harness_state_is_not_reachable_through_main_module():
   result = run_python(code, tests=["assert f() == 1"], limits=FAST)
   assert result.stdout.strip() == "['os']"  # the program's own module, nothing else
   assert result.test_passed == (False,)  # garbage on inherited descriptors decides nothing
+
+
+@pytest.mark.skipif(not CAPS["fresh_uid"], reason="the weak path kills leftovers by uid (root)")
+def test_weak_sandbox_path_still_decides_outside_and_kills_leftovers(monkeypatch):
+  # Hosts without namespaces: same harness minus namespaces and private root, once accepted.
+  weak = {**CAPS, "namespaces": False, "private_root": False, "missing": ("namespaces",)}
+  monkeypatch.setattr(code_sandbox, "sandbox_capabilities", lambda: {**weak, "strong": False})
+  with pytest.raises(code_sandbox.WeakSandboxError):
+    code_sandbox.run_python("print(1)")
+  program = (
+    "import os, time\nprint(os.getuid(), flush=True)\n"
+    "if os.fork() == 0:\n  os.setsid()\n  time.sleep(30)\n"
+    "class Any:\n  def __eq__(self, other):\n    return True\n"
+    "def f(x):\n  return Any() if x else 0\n"
+  )
+  result = code_sandbox.run_python(
+    program, tests=["assert f(1) == 2", "assert f(0) == 0"], allow_weak_sandbox=True, limits=FAST
+  )
+  assert result.test_passed == (False, True)
+  uid = int(result.stdout.split()[0])
+  deadline = time.monotonic() + 2
+  while time.monotonic() < deadline and _live_processes_of_uid(uid):
+    time.sleep(0.05)
+  assert _live_processes_of_uid(uid) == []
+
+
+def _live_processes_of_uid(uid: int) -> list[int]:
+  """Like _processes_of_uid, without zombies (killed, waiting to be reaped by init)."""
+  live = []
+  for pid in _processes_of_uid(uid):
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+          live.append(pid)
+    except OSError:
+      continue
+  return live

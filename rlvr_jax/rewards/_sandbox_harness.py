@@ -99,7 +99,7 @@ CLONE_NS_FLAGS |= 0x40000000  # NEWTIME NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NE
 
 def _fail(stage, err=None):
   err = ctypes.get_errno() if err is None else err
-  os.write(2, ("sandbox: %s failed (%s)\n" % (stage, os.strerror(err))).encode())
+  os.write(2, f"sandbox: {stage} failed ({os.strerror(err)})\n".encode())
   os._exit(EXIT_SETUP)
 
 
@@ -162,7 +162,8 @@ def init(cfg):
   path = os.path.join(workdir, "solution.py")
   with open(path, "w", encoding="utf-8", errors="replace") as f:
     f.write(cfg["source"])
-  os.chown(path, cfg["uid"], cfg["uid"]) if cfg["uid"] is not None else None
+  if cfg["uid"] is not None:
+    os.chown(path, cfg["uid"], cfg["uid"])
   pid = os.fork()
   if pid == 0:
     program(cfg, workdir)
@@ -205,7 +206,7 @@ def _private_root(cfg):
   """A tmpfs root holding only read-only binds of ``cfg["binds"]`` plus private scratch space."""
   _check(_mount(None, "/", None, MS_REC | MS_PRIVATE), "make / private")
   root = cfg["root_mountpoint"]
-  opts = "size=%d,nr_inodes=%d,mode=755" % (cfg["scratch_bytes"], cfg["scratch_inodes"])
+  opts = f"size={cfg['scratch_bytes']},nr_inodes={cfg['scratch_inodes']},mode=755"
   _check(_mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, opts), "tmpfs root")
   for src in cfg["binds"]:
     _bind(src, root + src)
@@ -225,8 +226,8 @@ def _private_root(cfg):
   os.chmod(root + "/sandbox", 0o700)
   os.makedirs(root + "/proc")
   os.makedirs(root + "/etc", exist_ok=True)
-  _write(root + "/etc/passwd", "sandbox:x:%d:%d::/sandbox:/bin/sh\n" % (cfg["uid"], cfg["uid"]))
-  _write(root + "/etc/group", "sandbox:x:%d:\n" % cfg["uid"])
+  _write(root + "/etc/passwd", f"sandbox:x:{cfg['uid']}:{cfg['uid']}::/sandbox:/bin/sh\n")
+  _write(root + "/etc/group", f"sandbox:x:{cfg['uid']}:\n")
   os.chdir(root)
   os.mkdir(".old")
   _check(LIBC.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b".old"), "pivot_root")
@@ -307,7 +308,7 @@ def program(cfg, workdir):
     try:
       for j, expr in enumerate(exprs):
         try:
-          value = encode(eval(compile(expr, "test_%d" % test, "eval"), module.__dict__))
+          value = encode(eval(compile(expr, f"test_{test}", "eval"), module.__dict__))
         except TimeoutError:
           raise
         except BaseException as e:  # noqa: BLE001  (the test fails; the parent sees the type name)
@@ -378,7 +379,7 @@ def encode(value, depth=0, budget=None):
     for v in value:
       items.append(rec(v))
     return ["it", items]
-  raise TypeError("cannot compare a %s outside the sandbox" % t.__name__)
+  raise TypeError(f"cannot compare a {t.__name__} outside the sandbox")
 
 
 if __name__ == "__main__":

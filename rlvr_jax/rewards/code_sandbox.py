@@ -179,7 +179,7 @@ def check_sandbox(allow_weak_sandbox: bool) -> dict:
   return caps
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_once(message: str) -> None:
   log.warning("running model-written code in a WEAK sandbox: %s", message)
 
