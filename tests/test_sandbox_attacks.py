@@ -400,6 +400,15 @@ def test_wrong_programs_cannot_forge_a_pass(name):
   assert result.test_passed == (False, False, False), (name, result.stderr[-500:])
 
 
+def test_a_program_cannot_turn_its_zero_into_an_excluded_failure():
+  # Failed items get NaN and leave the advantage estimate: a wrong program that imitates a broken
+  # sandbox (its exit code and message) must still score 0, not fail the item.
+  program = "import sys\nsys.stderr.write('sandbox: unshare failed')\nsys.exit(97)\n"
+  reward = rewards.CodeReward(limits=FAST)
+  out = reward.evaluate(["q"], [program], tests=[["assert sq(2) == 4"]])
+  np.testing.assert_array_equal(out.rewards, [0.0])
+
+
 def test_expected_values_never_enter_the_sandbox():
   # The program searches everything its interpreter holds (objects, frames) for the test's
   # expected value (built at run time, so its own constants do not contain it): it is not there,

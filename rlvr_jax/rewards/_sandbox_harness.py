@@ -18,6 +18,9 @@ Stdlib only (it runs with no site-packages). Three processes, all forked from th
     exact-type checks, to the result pipe. Verdicts are computed by the parent from these values:
     nothing the program controls decides whether a test passed, other than the values themselves.
 
+The parent learns that set-up succeeded from a status pipe that P writes ``ok`` to and closes
+just before the program starts; exit code 97 without it means the sandbox could not be built.
+
 Without namespaces (``cfg["namespaces"] == 0``, a weak sandbox the caller must have accepted) the
 same steps run minus the namespaces and the private root, in a host working directory.
 """
@@ -155,7 +158,10 @@ def init(cfg):
   LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   if cfg["namespaces"]:
     workdir = "/sandbox"
-    _private_root(cfg)
+    try:
+      _private_root(cfg)
+    except OSError as e:
+      _fail(f"private root ({e})", e.errno)
   else:
     workdir = cfg["workdir"]
     LIBC.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the program come back to us
@@ -290,6 +296,10 @@ def program(cfg, workdir):
   if results is None:
     os.close(cfg["result_fd"])
   source = cfg["source"]
+  # Set-up is done: say so on a pipe the program never sees (so that its own exit codes cannot
+  # pass for a broken sandbox), then forget the configuration.
+  os.write(cfg["status_fd"], b"ok")
+  os.close(cfg["status_fd"])
   del cfg
   code = compile(source, "solution.py", "exec")
   module = types.ModuleType("__main__" if mode == "stdio" else "solution")

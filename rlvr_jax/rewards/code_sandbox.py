@@ -255,6 +255,7 @@ def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None) 
   workdir = None if caps["namespaces"] else tempfile.mkdtemp(prefix="rlvr_sandbox_")
   cfg_r, cfg_w = os.pipe()
   res_r, res_w = os.pipe()
+  st_r, st_w = os.pipe()
   env = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": workdir or "/sandbox",
@@ -274,13 +275,13 @@ def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None) 
       stderr=subprocess.PIPE,
       cwd="/",
       env=env,
-      pass_fds=(cfg_r, res_w),
+      pass_fds=(cfg_r, res_w, st_w),
       start_new_session=True,
     )
-    child_res_fd = res_w  # pass_fds keeps descriptor numbers
-    os.close(cfg_r)
-    os.close(res_w)
-    cfg_r = res_w = -1
+    child_res_fd, child_st_fd = res_w, st_w  # pass_fds keeps descriptor numbers
+    for fd in (cfg_r, res_w, st_w):
+      os.close(fd)
+    cfg_r = res_w = st_w = -1
     uid = UID_BASE + proc.pid if caps["fresh_uid"] else None
     if workdir and uid is not None:
       os.chown(workdir, uid, uid)
@@ -311,6 +312,7 @@ def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None) 
       "probes": probes,
       "per_test_s": float(per_test_s),
       "result_fd": child_res_fd,
+      "status_fd": child_st_fd,
     }
     try:
       with os.fdopen(cfg_w, "wb") as f:
@@ -334,7 +336,12 @@ def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None) 
         status = "signal"
       else:
         status = "error"
-    if returncode == EXIT_SETUP and b"sandbox: " in err:
+    os.set_blocking(st_r, False)
+    try:
+      set_up = os.read(st_r, 2) == b"ok"
+    except BlockingIOError:
+      set_up = False
+    if returncode == EXIT_SETUP and not set_up:
       raise OSError(f"the sandbox could not be built: {err.decode(errors='replace').strip()}")
     values = code_verdict.parse_values(res, [len(p) for p in probes]) if mode == "probes" else None
     text = (out.decode(errors="replace"), err.decode(errors="replace"))
@@ -342,7 +349,7 @@ def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None) 
   finally:
     if proc is not None and proc.poll() is None:
       _kill(proc)
-    for fd in (cfg_r, cfg_w, res_r, res_w):
+    for fd in (cfg_r, cfg_w, res_r, res_w, st_r, st_w):
       if fd >= 0:
         try:
           os.close(fd)
