@@ -88,6 +88,10 @@ def test_daemon_of_a_timed_out_program_dies():
   program = (
     "import os, time\n"
     "print('UID=%d' % os.getuid(), flush=True)\n"
+    "try:\n"
+    "  os.setsid()\n"  # the attack, verbatim (here the program already leads a session)
+    "except OSError:\n"
+    "  pass\n"
     "for _ in range(3):\n"
     "  if os.fork() == 0:\n"
     "    os.setsid()\n"
