@@ -261,3 +261,19 @@ def _live_processes_of_uid(uid: int) -> list[int]:
     except OSError:
       continue
   return live
+
+
+@pytest.mark.skipif(not CAPS["strong"], reason="needs the strong sandbox to degrade from")
+def test_capabilities_name_the_missing_protection(monkeypatch):
+  # A host whose cgroups cannot be written: the probe still finds the namespaces and says which
+  # protection is missing, and code rewards refuse to run until it is accepted.
+  monkeypatch.setattr(code_sandbox, "_cgroup_bases", lambda: ("v1", ["/nonexistent/rlvr"]))
+  code_sandbox.sandbox_capabilities.cache_clear()
+  try:
+    caps = code_sandbox.sandbox_capabilities()
+    assert caps["namespaces"] and caps["private_root"] and caps["missing"] == ("cgroup",)
+    assert "cgroup" in caps["reason"]
+    with pytest.raises(code_sandbox.WeakSandboxError, match="cgroup"):
+      rewards.CodeReward()
+  finally:
+    code_sandbox.sandbox_capabilities.cache_clear()

@@ -138,26 +138,35 @@ def sandbox_capabilities() -> dict:
   (nothing missing), ``cgroup_version``, ``reason`` (why namespaces failed, if they did)."""
   version, bases = _cgroup_bases()
   _sweep_cgroups(bases)
+  caps_seccomp = platform.machine() == "x86_64"
   caps = {
     "namespaces": False,
     "private_root": False,
     "fresh_uid": os.geteuid() == 0,
-    "seccomp": platform.machine() == "x86_64",
+    "seccomp": caps_seccomp,
     "cgroup": bool(bases),
     "cgroup_version": version,
     "cgroup_bases": tuple(bases),
     "reason": "",
   }
   if os.geteuid() == 0:
-    trial = {**caps, "namespaces": True, "private_root": True}
-    try:
-      result = _run(trial, "print('ok')", "stdio", "", [], 1.0, SandboxLimits(timeout_s=20))
-      if result.stdout.strip() == "ok":
-        caps.update(namespaces=True, private_root=True)
-      else:
-        caps["reason"] = (result.stderr or result.status).strip()[-500:]
-    except OSError as e:
-      caps["reason"] = str(e)
+    # Full set first; on failure drop the optional parts one at a time to name what is missing.
+    fallbacks = [{}, {"cgroup": False, "cgroup_bases": ()}, {"seccomp": False}]
+    reasons = []
+    for drop in fallbacks:
+      caps.update(drop)
+      trial = {**caps, "namespaces": True, "private_root": True}
+      try:
+        result = _run(trial, "print('ok')", "stdio", "", [], 1.0, SandboxLimits(timeout_s=20))
+        if result.stdout.strip() == "ok":
+          caps.update(namespaces=True, private_root=True)
+          break
+        reasons.append((result.stderr or result.status).strip()[-300:])
+      except OSError as e:
+        reasons.append(str(e)[-300:])
+    else:
+      caps.update(cgroup=bool(bases), cgroup_bases=tuple(bases), seccomp=caps_seccomp)
+    caps["reason"] = "; ".join(reasons)
   else:
     caps["reason"] = "not root: no namespaces or fresh uids (user namespaces are not used)"
   caps["missing"] = tuple(p for p in PROTECTIONS if not caps[p])
