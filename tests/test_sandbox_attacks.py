@@ -550,6 +550,7 @@ def test_weak_sandbox_is_refused_unless_accepted(monkeypatch, caplog):
   monkeypatch.setattr(code_sandbox, "sandbox_capabilities", lambda: weak)
   with pytest.raises(code_sandbox.WeakSandboxError, match="namespaces"):
     rewards.CodeReward()
+  code_sandbox._warn_once.cache_clear()  # logged once per process and message
   with caplog.at_level("WARNING"):
     rewards.CodeReward(allow_weak_sandbox=True)
   assert "WEAK sandbox" in caplog.text and "namespaces" in caplog.text

@@ -157,7 +157,7 @@ def sandbox_capabilities() -> dict:
       caps.update(drop)
       trial = {**caps, "namespaces": True, "private_root": True}
       try:
-        result = _run(trial, "print('ok')", "stdio", "", [], 1.0, SandboxLimits(timeout_s=20))
+        result, _ = _run(trial, "print('ok')", "stdio", "", [], 1.0, SandboxLimits(timeout_s=20))
         if result.stdout.strip() == "ok":
           caps.update(namespaces=True, private_root=True)
           break
@@ -247,15 +247,14 @@ def run_python(
     failed = None if plan is None else tuple(False for _ in plan.tests)
     return SandboxResult("timeout", None, "", "item budget exhausted", 0.0, failed)
   mode, probes = ("stdio", []) if plan is None else ("probes", plan.probes)
-  result = _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s)
+  result, values = _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s)
   if plan is None:
     return result
-  values = result.test_passed  # _run returns the raw probe values in this slot
-  passed = tuple(code_verdict.decide(plan, values))
-  return dataclasses.replace(result, test_passed=passed)
+  return dataclasses.replace(result, test_passed=tuple(code_verdict.decide(plan, values)))
 
 
-def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None) -> SandboxResult:
+def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None):
+  """One sandboxed run; returns (SandboxResult without verdicts, probe values or None)."""
   timeout_s = limits.timeout_s if timeout_s is None else timeout_s
   python_lib = os.path.dirname(os.__file__)
   binds, links = _bind_sources(python_lib)
@@ -354,7 +353,7 @@ def _run(caps, source, mode, stdin, probes, per_test_s, limits, timeout_s=None) 
       raise OSError(f"the sandbox could not be built: {err.decode(errors='replace').strip()}")
     values = code_verdict.parse_values(res, [len(p) for p in probes]) if mode == "probes" else None
     text = (out.decode(errors="replace"), err.decode(errors="replace"))
-    return SandboxResult(status, returncode, *text, wall, values)
+    return SandboxResult(status, returncode, *text, wall), values
   finally:
     if proc is not None and proc.poll() is None:
       _kill(proc)
