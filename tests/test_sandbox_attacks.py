@@ -239,7 +239,6 @@ def sq(x):
 """
 
 
-@pytest.mark.slow
 def test_a_program_cannot_change_another_programs_verdict():
   tests = [f"assert sq({i}) == {i * i}" for i in range(3)]
   wrong = "import time\ntime.sleep(0.3)\ndef sq(x):\n  return x + 1\n"
@@ -518,7 +517,6 @@ def test_disk_is_bounded_by_the_scratch_tmpfs():
 # --- the runtime: budgets and warm-up -----------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_sandbox_limits_stay_inside_the_item_budget():
   # 3 stdio tests x 5 s per run against a 3 s item budget: the slow program fails its tests
   # inside the budget (reward 0, not a killed worker), the good one keeps full credit.
