@@ -277,3 +277,22 @@ def test_capabilities_name_the_missing_protection(monkeypatch):
       rewards.CodeReward()
   finally:
     code_sandbox.sandbox_capabilities.cache_clear()
+
+
+def test_verdict_plan_splits_tests_and_rejects_what_it_cannot_check():
+  from rlvr_jax.rewards import code_verdict
+
+  plan = code_verdict.compile_tests(
+    ["assert f(2) == 4", "assert abs(g(1.5) - 2.25) < 1e-9\nassert not h(0)", "assert s().strip()"]
+  )
+  assert plan.probes == [["f(2)"], ["g(1.5)", "h(0)"], ["s()"]]  # no expected value inside
+  with pytest.raises(ValueError, match=r"test 1 .*GeneratorExp"):
+    code_verdict.compile_tests(["assert f(1) == 1", "assert all(f(i) == i for i in range(3))"])
+  with pytest.raises(ValueError, match=r"test 0 .*only `assert"):
+    code_verdict.compile_tests(["x = f(1)"])
+  raw = b'[0, 0, ["i", "0x4"]]\n[0, 0, ["i", "0x5"]]\nnot json\n[1, 0, ["f", "2.25"]]\n'
+  values = code_verdict.parse_values(
+    raw + b'[1, 1, ["E", "ValueError"]]\n[2, 0, ["s", " a "]]\n', [1, 2, 1]
+  )
+  assert values[0] == [4] and values[2] == [" a "]  # the first line per probe counts
+  assert code_verdict.decide(plan, values) == [True, False, True]  # h(0) raised: test 1 fails
