@@ -5,7 +5,8 @@
 
 The old ``code_sandbox.py`` and ``_sandbox_harness.py`` are read from git (``git show``) into a
 temporary package, so both run in this process on the same inputs. Each round runs ``--programs``
-programs (a short function + 5 assert tests, one sandbox process each; ``--threads`` at a time)
+programs (a short function + 5 assert tests, or with ``--format stdio`` a script reading stdin; one
+sandbox process each; ``--threads`` at a time)
 with the old sandbox, then with the new one (the order alternates between rounds), so a change in
 machine load hits both alike. Prints programs/s per round and the new/old ratio (median and range).
 """
@@ -52,24 +53,37 @@ def load_old(commit: str):
   return module
 
 
-def programs(num: int) -> list[tuple[str, list[str]]]:
+def programs(num: int, fmt: str) -> list[tuple[str, list[str] | str]]:
+  """(program, 5 assert tests) or, for ``stdio``, (program, its stdin)."""
   out = []
   for i in range(num):
     k = i % 4
+    if fmt == "stdio":
+      out.append((f"x = int(input())\nprint(x * {k + 1} + {k})\n", f"{i}\n"))
+      continue
     code = f"def f(x):\n  return x * {k + 1} + {k}\n"
     out.append((code, [f"assert f({j}) == {j * (k + 1) + (k if i % 3 else 0)}" for j in range(5)]))
   return out
+
+
+def run_one(module, program, limits):
+  """Tests passed (asserts) or 1 if the output is right (stdio)."""
+  code, arg = program
+  if isinstance(arg, str):
+    result = module.run_python(code, stdin=arg, limits=limits)
+    x = int(arg)
+    k = x % 4
+    return int(result.stdout.strip() == str(x * (k + 1) + k))
+  return sum(module.run_python(code, tests=arg, limits=limits).test_passed)
 
 
 def run_round(module, batch, threads: int, limits) -> tuple[float, int]:
   """(programs/s, tests passed) for one round."""
   start = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-    results = list(
-      pool.map(lambda p: module.run_python(p[0], tests=p[1], limits=limits(module)), batch)
-    )
+    results = list(pool.map(lambda p: run_one(module, p, limits(module)), batch))
   elapsed = time.perf_counter() - start
-  return len(batch) / elapsed, sum(sum(r.test_passed) for r in results)
+  return len(batch) / elapsed, sum(results)
 
 
 def main() -> None:
@@ -78,12 +92,13 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=6)
   parser.add_argument("--programs", type=int, default=16)
   parser.add_argument("--threads", type=int, default=1)
+  parser.add_argument("--format", choices=["asserts", "stdio"], default="asserts")
   args = parser.parse_args()
 
   old = load_old(args.old_commit)
   new = code_sandbox
   limits = lambda m: m.SandboxLimits(timeout_s=10.0, cpu_s=5)  # noqa: E731
-  batch = programs(args.programs)
+  batch = programs(args.programs, args.format)
   caps = new.sandbox_capabilities()
   print(
     f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()}-core "
@@ -111,8 +126,9 @@ def main() -> None:
     )
   print(
     f"\nnew/old programs/s: median {statistics.median(ratios):.2f} "
-    f"(range {min(ratios):.2f}-{max(ratios):.2f}) over {len(ratios)} rounds, "
-    f"{args.programs} programs x 5 assert tests per round, {args.threads} thread(s)"
+    f"(range {min(ratios):.2f}-{max(ratios):.2f}) over {len(ratios)} rounds, {args.programs} "
+    f"programs per round ({'5 assert tests each' if args.format == 'asserts' else 'stdin/stdout'})"
+    f", {args.threads} thread(s)"
   )
   print(f"tests passed per round (old/new must agree): {sorted(passed)}")
 
