@@ -57,7 +57,7 @@ _main_loaded = False
 # --- item budget and warm-up (see RewardRuntime: the budget is its per-item timeout) -------------
 
 BUDGET_ENV = "RLVR_REWARD_ITEM_BUDGET_S"
-BUDGET_MARGIN_S = 0.5  # the parent's clock starts earlier than ours; reporting back takes time
+BUDGET_MARGIN_S = 0.5  # our clock and the parent's start at different times; replies take time
 _item_deadline: float | None = None
 
 
