@@ -19,25 +19,31 @@ def _score(records, completions):
     )
 
 
-def test_wheel_file_gives_164_records_with_code_fields():
+# check() bodies with loops, helpers or random inputs: not decidable outside the program.
+UNSPLITTABLE = [f"HumanEval/{i}" for i in (32, 38, 44, 50, 53, 129, 151)]
+
+
+def test_wheel_file_gives_the_splittable_records_with_code_fields():
   records = humaneval.load_records()
-  assert len(records) == 164
-  assert len({r["task_id"] for r in records}) == 164
+  assert humaneval.unsplittable_problems() == UNSPLITTABLE
+  assert len(records) == 164 - len(UNSPLITTABLE)
+  assert len({r["task_id"] for r in records}) == len(records)
+  assert not {r["task_id"] for r in records} & set(UNSPLITTABLE)
   r = records[0]
   assert r["task_id"] == "HumanEval/0" and r["entry_point"] == "has_close_elements"
-  assert r["prompt"] == r["code_prefix"] and r["tests"][0].rstrip().endswith(
-    "check(has_close_elements)"
-  )
+  assert r["prompt"] == r["code_prefix"] and len(r["tests"]) == 1
+  lines = r["tests"][0].splitlines()  # check(candidate)'s asserts over the entry point
+  assert len(lines) == 7 and all(ln.startswith("assert has_close_elements(") for ln in lines)
   inst = humaneval.to_record(humaneval.load_problems()[0], style="instruct")
   assert r["prompt"] in inst["prompt"] and "```python" in inst["prompt"]
 
 
 def test_canonical_solutions_pass_and_wrong_ones_fail():
-  """Canonical bodies (HumanEval/0, 2, 10 with a helper, 32 with two functions) score 1 through the
+  """Canonical bodies (HumanEval/0, 2, 10 with a helper, 12) score 1 through the
   sandbox; the same problems with a wrong body, a body that raises, and another problem's body
   score 0; a whole function in a fence (instruct style) is accepted."""
   by_id = {r["task_id"]: r for r in humaneval.load_records()}
-  picked = [by_id[f"HumanEval/{i}"] for i in (0, 2, 10, 32)]
+  picked = [by_id[f"HumanEval/{i}"] for i in (0, 2, 10, 12)]
   good = [r["answer"] for r in picked]
   bad = ["    return None\n", "    raise ValueError('no')\n", "    return 0\n", good[0]]
   fenced = (
@@ -76,7 +82,7 @@ def test_source_splits_problems_by_task_id(tmp_path):
   source, heldout = data_lib.build_sources(c.data)
   train_ids = {r["task_id"] for r in source.records}
   held_ids = {r["task_id"] for r in heldout}
-  assert not train_ids & held_ids and len(train_ids | held_ids) == 164
+  assert not train_ids & held_ids and len(train_ids | held_ids) == 164 - len(UNSPLITTABLE)
   assert 15 <= len(held_ids) <= 50
   from rlvr_jax.train import build
 
@@ -84,3 +90,14 @@ def test_source_splits_problems_by_task_id(tmp_path):
   c.data.source = "task"
   with pytest.raises(config_lib.ConfigError, match="reward.name"):
     config_lib.validate(c)
+
+
+@pytest.mark.slow
+def test_every_canonical_solution_passes_and_an_empty_body_fails():
+  records = humaneval.load_records()
+  result = _score(records + records, [r["answer"] for r in records] + ["    pass\n"] * len(records))
+  n = len(records)
+  assert result.rewards[:n].tolist() == [1.0] * n, [
+    r["task_id"] for r, v in zip(records, result.rewards[:n], strict=True) if v != 1.0
+  ]
+  assert result.rewards[n:].tolist() == [0.0] * n

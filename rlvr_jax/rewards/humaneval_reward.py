@@ -1,8 +1,8 @@
 """HumanEval scoring: the program is the problem prompt completed by the model, run against the
 problem's ``check`` in the code sandbox (``CodeReward``).
 
-Per-row fields (``rlvr_jax.data.humaneval`` records): ``tests`` (one assert snippet that calls
-``check(entry_point)``), ``code_prefix`` (the problem prompt) and ``entry_point``. The completion's
+Per-row fields (``rlvr_jax.data.humaneval`` records): ``tests`` (one snippet: the asserts of the
+problem's ``check`` over ``entry_point``, all of which must pass), ``code_prefix`` (the problem prompt) and ``entry_point``. The completion's
 code (last fenced block, else the whole text) either continues the prompt or redefines the whole
 function (``program``); reward = correct = 1 if ``check`` passes, else 0.
 """
