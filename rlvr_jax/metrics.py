@@ -19,8 +19,8 @@ try:  # optional
 except ImportError:  # pragma: no cover
   tensorboardX = None
 
-try:
-  import tqdm
+try:  # tqdm.auto: a widget bar in Jupyter (ipywidgets), a text bar in a terminal
+  from tqdm import auto as tqdm
 except ImportError:  # pragma: no cover
   tqdm = None
 
