@@ -9,7 +9,7 @@ uniformly inside the interval the hints allow (consistent but slow: success with
 3.81 turns on average; simulated over 20000 episodes) -- a short warm start, so the model plays
 the format but not yet well. RL: GRPO on the discounted episode return (gamma = 0.7 per turn: a
 faster find is worth more), G = 8 episodes of the same number per group, 8 groups per step,
-200 steps; only action tokens are trained. The optimum, binary search with midpoints
+400 steps, AdamW lr 3e-4; only action tokens are trained. The optimum, binary search with midpoints
 (lo + hi) // 2, finds every number within 5 turns in 54 / 16 = 3.375 turns on average.
 
 Run:  python -m rlvr_jax.main --config=experiments/multiturn_guess.py
@@ -42,8 +42,8 @@ def get_config():
   c.env.teacher_kwargs.update(low=1, high=16, mode="random", seed=0)
   c.warm_start.update(num_steps=60, batch_size=64, learning_rate=3e-3)
   c.sampling.update(num_samples=8, temperature=1.0)
-  c.rl.update(num_steps=200, prompts_per_step=8, advantage="grpo", zero_variance="mask")
+  c.rl.update(num_steps=400, prompts_per_step=8, advantage="grpo", zero_variance="mask")
   c.optim.update(learning_rate=3e-4)
-  c.eval.update(every=50, temperature=1.0)
+  c.eval.update(every=100, temperature=1.0)
   c.checkpoint.update(every=0)
   return c
