@@ -113,13 +113,14 @@ def test_registry_has_the_recipes_with_one_signature():
   with pytest.raises(ValueError, match="unknown objective"):
     losses.step_statistics("grpo2", *(jnp.zeros((1, 2)),) * 3, jnp.ones((1, 2), bool))
   assert losses.step_statistics("grpo", *(jnp.zeros((1, 2)),) * 3, jnp.ones((1, 2), bool)) == {}
-  for name, fn in losses.OBJECTIVES.items():
-    params = inspect.signature(fn).parameters
+  for name, spec in losses.OBJECTIVES.items():
+    assert isinstance(spec, losses.ObjectiveSpec) and spec.name == name
+    params = inspect.signature(spec).parameters
     assert list(params)[:4] == ["logp", "old_logp", "advantages", "completion_mask"], name
     for kw in ("num_tokens", "num_seqs", "ref_logp", "sampler_logp", "entropy", "mean_log_softmax"):
       assert params[kw].kind is inspect.Parameter.KEYWORD_ONLY, (name, kw)
     assert params["num_tokens"].default is inspect.Parameter.empty
-    assert fn.__doc__ and "arXiv" in fn.__doc__ or name == "ppo", name
+    assert spec.fn.__doc__ and "arXiv" in spec.fn.__doc__ or name == "ppo", name
 
 
 # ---------------------------------------------------------------------------------------------
