@@ -28,12 +28,14 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``copo_advantages``, ``canon_advantages``;
 * token level ``-> [B, T]``: ``reinforce_plus_plus_advantages``,
   ``reinforce_plus_plus_baseline_advantages``, ``gae_advantages``;
-* ``SEQUENCE_ESTIMATORS``: name -> function for the estimators that need only the rewards;
+* ``ESTIMATORS``: name -> ``EstimatorSpec``, the one table (what each estimator reads, its level,
+  its extra outputs for the objective, its state); ``register_estimator`` adds one;
+  ``SEQUENCE_ESTIMATORS`` is the view name -> function of those that read only the rewards;
 * helpers: ``to_tokens`` ([P, G] -> [B, T] times the mask), ``to_groups``, ``valid_mask``,
   ``masked_whiten``, ``discounted_returns``, ``zero_variance_groups``, ``handle_zero_variance``,
   ``gradient_group_fraction``, ``zero_variance_metrics``, ``pass_at_k`` (metric).
 
-Parts (this ``__init__`` is only the public API and ``SEQUENCE_ESTIMATORS``; the code is in):
+Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (``ESTIMATORS``),
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
@@ -69,6 +71,15 @@ from rlvr_jax.advantages.passk import (
   pkpo_advantages,
   pkpo_rewards,
 )
+from rlvr_jax.advantages.registry import (
+  ESTIMATORS,
+  READS,
+  SEQUENCE_ESTIMATORS,
+  Estimate,
+  EstimatorSpec,
+  get_estimator,
+  register_estimator,
+)
 from rlvr_jax.advantages.riskpo import (
   DEFAULT_LEVELS,
   RiskPOState,
@@ -83,21 +94,14 @@ from rlvr_jax.advantages.token_level import (
   reinforce_plus_plus_baseline_advantages,
 )
 
-# The one explicit name -> function map for configs, for the estimators that need nothing but the
-# rewards: each is called as ``fn(rewards [P, G], *, valid=None, **hyperparameters) -> [P, G]``.
-# Keys follow verl's ``adv_estimator`` names where verl has the method.
-SEQUENCE_ESTIMATORS = {
-  "grpo": grpo_advantages,
-  "dr_grpo": dr_grpo_advantages,
-  "lite_ppo": lite_ppo_advantages,
-  "rloo": rloo_advantages,
-  "passk_training": passk_training_advantages,
-  "pkpo": pkpo_advantages,
-  "grpo_passk": max_at_g_advantages,
-}
-
 __all__ = [
+  "ESTIMATORS",
+  "READS",
   "SEQUENCE_ESTIMATORS",
+  "Estimate",
+  "EstimatorSpec",
+  "get_estimator",
+  "register_estimator",
   "DEFAULT_LEVELS",
   "CopoAdvantages",
   "RiskPOState",
