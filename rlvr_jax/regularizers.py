@@ -226,6 +226,8 @@ def siren_penalty(
   whose values sum to the penalty and whose gradients sum to the exact gradient (``share`` is the
   micro-batch's fraction of the normaliser). Without it the micro-batch is taken to be the step.
 
+  A batch without valid tokens gives penalty 0 (with ``selected_entropy``, its share is 0).
+
   Returns:
     ``(partial penalty, H_sel partial)`` scalars.
   """
@@ -237,7 +239,9 @@ def siren_penalty(
     h * mask, mask, mode=mode, num_tokens=num_tokens, num_seqs=num_seqs, seq_norm_constant=1.0
   )
   if selected_entropy is None:
-    return coef * (part - anchor) ** 2, part
+    # Nothing to regularise on a batch without valid tokens: 0, not the constant coef * anchor^2.
+    # (The release divides by the empty count; this library's other terms are 0 there too.)
+    return jnp.where(jnp.sum(n_valid) > 0, coef * (part - anchor) ** 2, 0.0), part
   if mode == "token_mean":
     share = safe_div(jnp.sum(n_valid), num_tokens)
   else:

@@ -197,10 +197,8 @@ def _kl_cov_stats(logp, old_logp, advantages, completion_mask, **hp):
 
 def _high_entropy_stats(logp, old_logp, advantages, completion_mask, *, entropy=None, **hp):
   h = require(entropy, "entropy", "step_statistics('high_entropy')")
-  frac = hp.get("top_entropy_frac", 0.2)
-  return {
-    "entropy_threshold": sel.high_entropy_threshold(h, completion_mask, top_entropy_frac=frac)
-  }
+  kw = {k: hp[k] for k in ("top_entropy_frac", "top_entropy_rule") if k in hp}
+  return {"entropy_threshold": sel.high_entropy_threshold(h, completion_mask, **kw)}
 
 
 def _steer_stats(logp, old_logp, advantages, completion_mask, *, entropy=None, **hp):
