@@ -48,3 +48,40 @@ def test_gpg_golden_and_reference():
   loss, grad, _ = _run("gpg", logp, old, adv, mask)
   np.testing.assert_allclose(loss, _token_mean(-adv * logp, mask), rtol=1e-5)  # verl gpg
   np.testing.assert_allclose(grad, -adv * mask / mask.sum(), rtol=1e-5, atol=1e-7)
+
+
+def _np_dppo(logp, old, adv, mask, divergence, lo=0.2, hi=0.2, cap=20.0):
+  """verl compute_policy_loss_dppo_{tv,kl}: (per-token loss, d per-token / d logp)."""
+  ratio = np.exp(np.clip(logp - old, -20, 20))
+  w = np.minimum(ratio, cap)
+  p, p_old = np.exp(logp), np.exp(old)
+  if divergence == "tv":
+    pos, neg = (p - p_old) <= hi, (p - p_old) >= -lo
+  else:
+    kl = p_old * (old - logp) + (1 - p_old) * np.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+    pos, neg = (kl <= hi) | (p <= p_old), (kl <= lo) | (p >= p_old)
+  keep = np.where(adv > 0, pos, neg).astype(float)
+  return -adv * w * logp * keep, -adv * w * keep
+
+
+@pytest.mark.parametrize("divergence, lo, hi", [("tv", 0.03, 0.05), ("kl", 0.002, 0.004)])
+def test_dppo_reference(divergence, lo, hi):
+  logp, old, adv, mask = _random(1)
+  loss, grad, metrics = _run(f"dppo_{divergence}", logp, old, adv, mask, clip_low=lo, clip_high=hi)
+  per_token, dper = _np_dppo(logp, old, adv, mask, divergence, lo=lo, hi=hi)
+  np.testing.assert_allclose(loss, _token_mean(per_token, mask), rtol=1e-5)
+  np.testing.assert_allclose(grad, dper * mask / mask.sum(), rtol=1e-5, atol=1e-7)
+  assert 0 < metrics["clip_frac/high"] + metrics["clip_frac/low"] < 1  # some tokens left out
+
+
+def test_dppo_tv_golden():
+  # p_old = 0.5; A = +1: p = 0.6 kept (dp 0.1 <= 0.2), p = 0.8 dropped (dp 0.3);
+  # A = -1: p = 0.25 dropped (dp -0.25 < -0.2), p = 0.45 kept.
+  old = np.log(np.full((1, 4), 0.5))
+  logp = np.log(np.array([[0.6, 0.8, 0.25, 0.45]]))
+  adv = np.array([[1.0, 1.0, -1.0, -1.0]])
+  loss, grad, metrics = _run("dppo_tv", logp, old, adv, np.ones((1, 4), bool))
+  r = np.exp(logp - old)
+  np.testing.assert_allclose(grad, [[-r[0, 0] / 4, 0, 0, r[0, 3] / 4]], rtol=1e-5)
+  np.testing.assert_allclose(loss, (-r[0, 0] * logp[0, 0] + r[0, 3] * logp[0, 3]) / 4, rtol=1e-5)
+  assert metrics["clip_frac/high"] == pytest.approx(0.25) and metrics["clip_frac/low"] == 0.25

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.losses.aggregation import log_ratio
 from rlvr_jax.losses.engine import common_options, make_batch, run_objective
 from rlvr_jax.losses.registry import ObjectiveSpec, register_objective
 
@@ -38,3 +39,85 @@ def gpg_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, nu
 
 
 register_objective(ObjectiveSpec("gpg", gpg_objective, token_local=True, paper="arXiv 2504.02546"))
+
+
+DPPO_DIVERGENCES = ("tv", "kl")
+
+
+def _dppo_policy(b, divergence, clip_low, clip_high, ratio_cap):
+  """DPPO-Binary per-token loss and masks (see ``dppo_tv_objective``)."""
+
+  def policy(lp):
+    ratio = jnp.exp(log_ratio(lp, b.old_logp))
+    weight = sg(jnp.minimum(ratio, ratio_cap))
+    p, p_old = jnp.exp(sg(lp)), jnp.exp(b.old_logp)
+    if divergence == "tv":
+      up_ok, down_ok = p - p_old <= clip_high, p - p_old >= -clip_low
+    else:
+      kl = p_old * (b.old_logp - sg(lp)) + (1.0 - p_old) * jnp.log(
+        (1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)
+      )
+      up_ok, down_ok = (kl <= clip_high) | (p <= p_old), (kl <= clip_low) | (p >= p_old)
+    keep = jnp.where(b.advantages > 0, up_ok, down_ok)
+    info = {
+      "high": (b.advantages > 0) & ~keep,
+      "low": (b.advantages <= 0) & ~keep,
+      "dual": keep & (ratio > ratio_cap),  # the truncated-IS cap binds
+    }
+    return -b.advantages * weight * lp * keep, info
+
+  return policy
+
+
+def _dppo(name, divergence, logp, old_logp, advantages, completion_mask, num_tokens, num_seqs,
+          ref_logp, sampler_logp, entropy, mean_log_softmax, clip_low, clip_high, ratio_cap,
+          loss_agg_mode, options):  # fmt: skip
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  policy = _dppo_policy(b, divergence, clip_low, clip_high, ratio_cap)
+  return run_objective(name, policy, b, mode=loss_agg_mode, opts=common_options(name, options))
+
+
+def dppo_tv_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                      ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                      clip_low=0.2, clip_high=0.2, ratio_cap=20.0, loss_agg_mode="token_mean",
+                      **options):  # fmt: skip
+  """DPPO-Binary-TV (Rethinking the Trust Region in LLM RL, arXiv 2602.04879): a trust region on
+  the token's probability instead of its ratio.
+
+    p = e^logp, p_old = e^old_logp;   keep = (p - p_old <= eps_hi) if A > 0 else (p - p_old >= -eps_lo)
+    l = -A sg(min(r, C)) logp keep,   dl/dlogp = -A min(r, C) on kept tokens, 0 elsewhere.
+
+  eps_lo / eps_hi (``clip_low`` / ``clip_high``) bound the total-variation change of the sampled
+  token's probability (verl reuses ``clip_ratio``, default 0.2, for them); C = ``ratio_cap`` = 20 is
+  the truncated-IS cap that replaces the dual clip. verl ``compute_policy_loss_dppo_tv``. The value
+  of l is not a surrogate of J. ``clip_frac/high`` / ``/low``: tokens outside the region (A > 0 /
+  A <= 0); ``clip_frac/dual``: kept tokens whose ratio the cap truncates.
+  """
+  return _dppo("dppo_tv_objective", "tv", logp, old_logp, advantages, completion_mask, num_tokens,
+               num_seqs, ref_logp, sampler_logp, entropy, mean_log_softmax, clip_low, clip_high,
+               ratio_cap, loss_agg_mode, options)  # fmt: skip
+
+
+def dppo_kl_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                      ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                      clip_low=0.2, clip_high=0.2, ratio_cap=20.0, loss_agg_mode="token_mean",
+                      **options):  # fmt: skip
+  """DPPO-Binary-KL (arXiv 2602.04879): ``dppo_tv_objective`` with the binary KL of the token's
+  Bernoulli(p_old) -> Bernoulli(p) as the divergence:
+
+    D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8)),
+    keep = (D <= eps_hi or p <= p_old) if A > 0 else (D <= eps_lo or p >= p_old),
+    l = -A sg(min(r, C)) logp keep.
+
+  Only moves away from the advantage's direction are bounded. verl ``compute_policy_loss_dppo_kl``.
+  """
+  return _dppo("dppo_kl_objective", "kl", logp, old_logp, advantages, completion_mask, num_tokens,
+               num_seqs, ref_logp, sampler_logp, entropy, mean_log_softmax, clip_low, clip_high,
+               ratio_cap, loss_agg_mode, options)  # fmt: skip
+
+
+register_objective(ObjectiveSpec("dppo_tv", dppo_tv_objective, token_local=True,
+                                 paper="arXiv 2602.04879"))  # fmt: skip
+register_objective(ObjectiveSpec("dppo_kl", dppo_kl_objective, token_local=True,
+                                 paper="arXiv 2602.04879"))  # fmt: skip
