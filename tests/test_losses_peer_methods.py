@@ -85,3 +85,20 @@ def test_dppo_tv_golden():
   np.testing.assert_allclose(grad, [[-r[0, 0] / 4, 0, 0, r[0, 3] / 4]], rtol=1e-5)
   np.testing.assert_allclose(loss, (-r[0, 0] * logp[0, 0] + r[0, 3] * logp[0, 3]) / 4, rtol=1e-5)
   assert metrics["clip_frac/high"] == pytest.approx(0.25) and metrics["clip_frac/low"] == 0.25
+
+
+def test_dro_golden_and_reference():
+  # logp = -1, old = -1.5, A = 2, beta = 0.1: l = -(2 * -1 - 0.05 * 0.25) = 2.0125;
+  # dl/dlogp = -2 + 0.1 * 0.5 = -1.95.
+  loss, grad, _ = _run("dro", np.array([[-1.0]]), np.array([[-1.5]]), np.array([[2.0]]),
+                       np.ones((1, 1), bool))  # fmt: skip
+  assert loss == pytest.approx(2.0125, rel=1e-6)
+  np.testing.assert_allclose(grad, [[-1.95]], rtol=1e-6)
+  logp, old, adv, mask = _random(2)
+  loss, grad, _ = _run("dro", logp, old, adv, mask, dro_beta=0.3)
+  want = -(logp * adv - 0.15 * (logp - old) ** 2)  # verl dro
+  np.testing.assert_allclose(loss, _token_mean(want, mask), rtol=1e-5)
+  np.testing.assert_allclose(grad, (-adv + 0.3 * (logp - old)) * mask / mask.sum(), rtol=1e-5,
+                             atol=1e-7)  # fmt: skip
+  with pytest.raises(ValueError, match="dro_beta"):
+    _run("dro", logp, old, adv, mask, dro_beta=0.0)

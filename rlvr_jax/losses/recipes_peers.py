@@ -121,3 +121,31 @@ register_objective(ObjectiveSpec("dppo_tv", dppo_tv_objective, token_local=True,
                                  paper="arXiv 2602.04879"))  # fmt: skip
 register_objective(ObjectiveSpec("dppo_kl", dppo_kl_objective, token_local=True,
                                  paper="arXiv 2602.04879"))  # fmt: skip
+
+
+def dro_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                  ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                  dro_beta=0.1, loss_agg_mode="token_mean", **options):  # fmt: skip
+  """DRO (Direct Reward Optimization; verl loss_mode 'dro', docs/algo/dro.md, PR 7245): a
+  quadratic proximal penalty on the log-ratio instead of a clip.
+
+    l = -(A logp - beta/2 (logp - old_logp)^2),   dl/dlogp = -A + beta (logp - old_logp).
+
+  beta = ``dro_beta`` > 0 (verl requires it and has no default; 0.1 here, as ModelScope twinkle's
+  port). delta is clamped to +-20 like every log-ratio here (verl leaves it unclamped).
+  """
+  if not dro_beta > 0:
+    raise ValueError(f"dro_objective: dro_beta must be > 0, got {dro_beta}")
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+
+  def policy(lp):
+    delta = log_ratio(lp, b.old_logp)
+    return -(b.advantages * lp - 0.5 * dro_beta * delta * delta), _no_clip(jnp.shape(lp))
+
+  return run_objective("dro_objective", policy, b, mode=loss_agg_mode,
+                       opts=common_options("dro_objective", options))  # fmt: skip
+
+
+register_objective(ObjectiveSpec("dro", dro_objective, token_local=True,
+                                 paper="verl docs/algo/dro.md (PR 7245)"))  # fmt: skip
