@@ -102,3 +102,29 @@ def test_dro_golden_and_reference():
                              atol=1e-7)  # fmt: skip
   with pytest.raises(ValueError, match="dro_beta"):
     _run("dro", logp, old, adv, mask, dro_beta=0.0)
+
+
+def _np_vespo_phi(logp, old, adv, mask, k_pos=2.0, l_pos=3.0, k_neg=3.0, l_neg=2.0):
+  """TRL get_gamma_weights: [B, 1]."""
+  seq = (np.clip(logp - old, -20, 20) * mask).sum(-1, keepdims=True)
+  log_w = np.clip(seq, np.log(1e-8), 20.0)
+  a = adv[:, :1]
+  k, lam = np.where(a >= 0, k_pos, k_neg), np.where(a >= 0, l_pos, l_neg)
+  return np.exp(lam + k * log_w - lam * np.exp(log_w))
+
+
+def test_vespo_golden_and_reference():
+  # On-policy (w = 1): phi = e^{lambda + 0 - lambda} = 1, so VESPO is REINFORCE there.
+  loss, grad, _ = _run("vespo", np.array([[-1.0, -2.0]]), np.array([[-1.0, -2.0]]),
+                       np.array([[1.0, 1.0]]), np.ones((1, 2), bool))  # fmt: skip
+  assert loss == pytest.approx(1.5, rel=1e-6)
+  np.testing.assert_allclose(grad, [[-0.5, -0.5]], rtol=1e-6)
+  # w = 2 (sum of log-ratios ln 2), A > 0: phi = 2^2 e^{3 (1 - 2)} = 4 e^-3.
+  loss, grad, _ = _run("vespo", np.array([[np.log(2.0) - 1.0]]), np.array([[-1.0]]),
+                       np.array([[1.0]]), np.ones((1, 1), bool))  # fmt: skip
+  np.testing.assert_allclose(grad, [[-4 * np.exp(-3.0)]], rtol=1e-5)
+  logp, old, adv, mask = _random(3)
+  loss, grad, _ = _run("vespo", logp, old, adv, mask)
+  phi = _np_vespo_phi(logp, old, adv, mask)
+  np.testing.assert_allclose(loss, _token_mean(-phi * adv * logp, mask), rtol=1e-5)
+  np.testing.assert_allclose(grad, -phi * adv * mask / mask.sum(), rtol=1e-5, atol=1e-7)

@@ -149,3 +149,44 @@ def dro_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, nu
 
 register_objective(ObjectiveSpec("dro", dro_objective, token_local=True,
                                  paper="verl docs/algo/dro.md (PR 7245)"))  # fmt: skip
+
+
+def vespo_weights(log_ratio_tokens, advantages, completion_mask, *, k_pos=2.0, lambda_pos=3.0,
+                  k_neg=3.0, lambda_neg=2.0):  # fmt: skip
+  """VESPO's per-row gamma weight phi_b (constant; see ``vespo_objective``), [B, T] broadcast."""
+  m = jnp.asarray(completion_mask, jnp.float32)
+  log_w = jnp.clip(jnp.sum(log_ratio_tokens * m, axis=-1, keepdims=True), jnp.log(1e-8), 20.0)
+  pos = advantages >= 0
+  k, lam = jnp.where(pos, k_pos, k_neg), jnp.where(pos, lambda_pos, lambda_neg)
+  return sg(jnp.exp(lam + k * log_w - lam * jnp.exp(log_w)))
+
+
+def vespo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                    ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                    k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0,
+                    loss_agg_mode="token_mean", **options):  # fmt: skip
+  """VESPO (TRL ``loss_type='vespo'``, ``GRPOTrainer.get_gamma_weights``): REINFORCE scaled by a
+  smooth, detached gamma-shaped weight of the SEQUENCE ratio instead of a clip.
+
+    log w_b = clip(sum_t m delta_bt, log 1e-8, 20)   (the sequence log-ratio: a SUM, not a mean),
+    phi_b = exp(lambda + k log w_b - lambda w_b) = w_b^k e^{lambda (1 - w_b)}   (phi = 1 at w = 1),
+    (k, lambda) = (k_pos, lambda_pos) = (2, 3) if A >= 0 else (k_neg, lambda_neg) = (3, 2),
+    l = -sg(phi_b) A logp,   ``token_mean`` (TRL's DAPO normaliser).
+
+  phi peaks at w = k / lambda and decays on both sides, so rows far off-policy fade out smoothly.
+  Not token-local (phi reads the whole row).
+  """
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+
+  def policy(lp):
+    delta = log_ratio(sg(lp), b.old_logp)
+    phi = vespo_weights(delta, b.advantages, b.completion_mask, k_pos=k_pos,
+                        lambda_pos=lambda_pos, k_neg=k_neg, lambda_neg=lambda_neg)  # fmt: skip
+    return -phi * b.advantages * lp, _no_clip(jnp.shape(lp))
+
+  return run_objective("vespo_objective", policy, b, mode=loss_agg_mode,
+                       opts=common_options("vespo_objective", options))  # fmt: skip
+
+
+register_objective(ObjectiveSpec("vespo", vespo_objective, paper="TRL GRPOTrainer (vespo)"))
