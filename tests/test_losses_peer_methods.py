@@ -128,3 +128,43 @@ def test_vespo_golden_and_reference():
   phi = _np_vespo_phi(logp, old, adv, mask)
   np.testing.assert_allclose(loss, _token_mean(-phi * adv * logp, mask), rtol=1e-5)
   np.testing.assert_allclose(grad, -phi * adv * mask / mask.sum(), rtol=1e-5, atol=1e-7)
+
+
+def _np_seq_ratio(logp, old, mask):
+  return np.exp((np.clip(logp - old, -20, 20) * mask).sum(-1, keepdims=True) / mask.sum(-1,
+                keepdims=True).clip(1))  # fmt: skip
+
+
+def test_cispo_seq_golden_and_reference():
+  # Row ratio s = exp(mean(ln 2, ln 8)) = 4 (< cap 5): grad = -4 A / N_tok per token.
+  old = np.zeros((1, 2))
+  loss, grad, _ = _run("cispo_seq", np.log([[2.0, 8.0]]), old, np.array([[1.0, 1.0]]),
+                       np.ones((1, 2), bool))  # fmt: skip
+  np.testing.assert_allclose(grad, [[-2.0, -2.0]], rtol=1e-5)
+  logp, old, adv, mask = _random(4)
+  old = old - 1.0  # some rows above the cap
+  loss, grad, metrics = _run("cispo_seq", logp, old, adv, mask, weight_max=2.0)
+  w = np.minimum(_np_seq_ratio(logp, old, mask), 2.0)  # TRL: clamp(coef_1, max=eps_high).detach()
+  np.testing.assert_allclose(loss, _token_mean(-w * adv * logp, mask), rtol=1e-5)
+  np.testing.assert_allclose(grad, -w * adv * mask / mask.sum(), rtol=1e-5, atol=1e-7)
+  assert metrics["clip_frac/high"] > 0
+
+
+def test_sapo_seq_golden_and_reference():
+  # On-policy, A = 1, tau = 1: l = -4 sigmoid(0) = -2; dl/dlogp_t = -4 * 1/4 * 1 / n_b.
+  loss, grad, _ = _run("sapo_seq", np.array([[-1.0, -2.0]]), np.array([[-1.0, -2.0]]),
+                       np.array([[1.0, 1.0]]), np.ones((1, 2), bool))  # fmt: skip
+  assert loss == pytest.approx(-2.0, rel=1e-6)
+  np.testing.assert_allclose(grad, [[-0.5, -0.5]], rtol=1e-5)
+  logp, old, adv, mask = _random(5)
+  loss, grad, _ = _run("sapo_seq", logp, old, adv, mask)
+  s = _np_seq_ratio(logp, old, mask)
+  a = adv[:, :1]
+  tau = np.where(a > 0, 1.0, 1.05)
+  sig = 1 / (1 + np.exp(-tau * (s - 1)))
+  n = mask.sum(-1, keepdims=True)
+  rows = mask.any(-1, keepdims=True)
+  want = float(np.sum(np.where(rows, -a * 4 / tau * sig, 0.0)) / rows.sum())  # TRL sapo seq
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  dl = -a * 4 * sig * (1 - sig) * s / n.clip(1) / rows.sum()
+  np.testing.assert_allclose(grad, np.where(mask, dl, 0.0), rtol=1e-4, atol=1e-7)

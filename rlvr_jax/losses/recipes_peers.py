@@ -190,3 +190,66 @@ def vespo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, 
 
 
 register_objective(ObjectiveSpec("vespo", vespo_objective, paper="TRL GRPOTrainer (vespo)"))
+
+
+def _sequence_log_ratio(lp, old_logp, completion_mask):
+  """[B, 1] mean over the row's valid tokens of delta (differentiable in lp; TRL
+  ``importance_sampling_level='sequence'``)."""
+  m = jnp.asarray(completion_mask, jnp.float32)
+  delta = log_ratio(lp, old_logp) * m
+  return (jnp.sum(delta, -1) / jnp.maximum(jnp.sum(m, -1), 1.0))[:, None]
+
+
+def cispo_seq_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                        ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                        weight_max=5.0, loss_agg_mode="token_mean", **options):  # fmt: skip
+  """CISPO with a SEQUENCE-level importance weight (TRL ``loss_type='cispo'`` with
+  ``importance_sampling_level='sequence'``; CISPO: MiniMax-M1, arXiv 2506.13585).
+
+    s_b = exp(mean_t m delta_bt),   w_b = sg(min(s_b, w_max)),   l = -w_b A logp,   ``token_mean``.
+
+  ``weight_max`` is absolute (TRL's epsilon_high for CISPO, 5). One weight per row, so not
+  token-local; the token-level form is ``cispo``.
+  """
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+
+  def policy(lp):
+    s = jnp.exp(_sequence_log_ratio(sg(lp), b.old_logp, b.completion_mask))
+    info = _no_clip(jnp.shape(lp))
+    info["high"] = jnp.broadcast_to(s > weight_max, jnp.shape(lp))
+    return -sg(jnp.minimum(s, weight_max)) * b.advantages * lp, info
+
+  return run_objective("cispo_seq_objective", policy, b, mode=loss_agg_mode,
+                       opts=common_options("cispo_seq_objective", options))  # fmt: skip
+
+
+register_objective(ObjectiveSpec("cispo_seq", cispo_seq_objective, paper="arXiv 2506.13585"))
+
+
+def sapo_seq_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                       ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                       tau_pos=1.0, tau_neg=1.05, loss_agg_mode="seq_mean_token_mean",
+                       **options):  # fmt: skip
+  """SAPO's soft gate on the SEQUENCE ratio (TRL ``loss_type='sapo'`` with
+  ``importance_sampling_level='sequence'``; SAPO arXiv 2511.20347).
+
+    s_b = exp(mean_t m delta_bt)   (differentiable),
+    l_b = -A (4 / tau) sigmoid(tau (s_b - 1)),   tau = tau_pos if A > 0 else tau_neg,
+
+  broadcast over the row and averaged with ``seq_mean_token_mean`` (so L = mean_b l_b):
+  dL/dlogp_bt = -A 4 sigma (1 - sigma) s_b / n_b / N_seq. The token-level form is ``sapo``.
+  """
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+
+  def policy(lp):
+    s = jnp.exp(_sequence_log_ratio(lp, b.old_logp, b.completion_mask))
+    tau = jnp.where(b.advantages > 0, tau_pos, tau_neg)
+    return -b.advantages * (4.0 / tau) * jax.nn.sigmoid(tau * (s - 1.0)), _no_clip(jnp.shape(lp))
+
+  return run_objective("sapo_seq_objective", policy, b, mode=loss_agg_mode,
+                       opts=common_options("sapo_seq_objective", options))  # fmt: skip
+
+
+register_objective(ObjectiveSpec("sapo_seq", sapo_seq_objective, paper="arXiv 2511.20347"))
