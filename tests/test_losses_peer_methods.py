@@ -168,3 +168,22 @@ def test_sapo_seq_golden_and_reference():
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   dl = -a * 4 * sig * (1 - sig) * s / n.clip(1) / rows.sum()
   np.testing.assert_allclose(grad, np.where(mask, dl, 0.0), rtol=1e-4, atol=1e-7)
+
+
+def test_luspo_normalize_then_sum_golden_and_reference():
+  # Two rows on-policy (s = 1, no clip), A = [1, -1], lengths 3 and 1:
+  # L = (3 * -1 + 1 * 1) / 2 = -1; dL/dlogp = -A s / N_seq per valid token.
+  mask = np.array([[1, 1, 1], [1, 0, 0]], bool)
+  logp = -np.ones((2, 3))
+  adv = np.array([[1.0] * 3, [-1.0] * 3])
+  loss, grad, _ = _run("luspo", logp, logp, adv, mask)
+  assert loss == pytest.approx(-1.0, rel=1e-6)
+  np.testing.assert_allclose(grad, np.where(mask, -adv / 2, 0.0), rtol=1e-5)
+  logp, old, adv, mask = _random(6)
+  old = logp + 0.0005 * np.sign(np.random.default_rng(0).normal(size=logp.shape))
+  loss, grad, _ = _run("luspo", logp, old, adv, mask)
+  s = _np_seq_ratio(logp, old, mask)
+  a = adv[:, :1]
+  row = np.maximum(-a * s, -a * np.clip(s, 1 - 3e-4, 1 + 4e-4))  # TRL luspo: mean_b(l_b n_b)
+  n = mask.sum(-1, keepdims=True)
+  np.testing.assert_allclose(loss, float((row * n).sum() / mask.any(-1).sum()), rtol=1e-5)

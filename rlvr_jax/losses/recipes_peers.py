@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.losses import surrogates as sur
 from rlvr_jax.losses.aggregation import log_ratio
 from rlvr_jax.losses.engine import common_options, make_batch, run_objective
 from rlvr_jax.losses.registry import ObjectiveSpec, register_objective
@@ -253,3 +254,28 @@ def sapo_seq_objective(logp, old_logp, advantages, completion_mask, *, num_token
 
 
 register_objective(ObjectiveSpec("sapo_seq", sapo_seq_objective, paper="arXiv 2511.20347"))
+
+
+def luspo_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
+                    ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
+                    clip_low=3e-4, clip_high=4e-4, max_log_ratio=10.0,
+                    loss_agg_mode="seq_mean_token_sum", **options):  # fmt: skip
+  """LUSPO, TRL's normalize-then-sum reduction (``loss_type='luspo'``): the GSPO sequence ratio
+  (normalised over the row's tokens) whose clipped row loss is then SUMMED over the row's tokens:
+
+    l_b = max(-A s_b, -A clip(s_b, 1 - eps_lo, 1 + eps_hi)),   L = sum_b n_b l_b / N_seq,
+
+  i.e. ``surrogates.gspo_loss`` with ``seq_mean_token_sum`` aggregation (TRL: mean_b(l_b n_b)), so
+  a long response weighs as much as its tokens, unlike GSPO's per-row mean. Clip defaults are
+  GSPO's (3e-4 / 4e-4; TRL takes its shared epsilon).
+  """
+  b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
+                 sampler_logp, entropy, mean_log_softmax)  # fmt: skip
+  policy = lambda lp: sur.gspo_loss(lp, b.old_logp, b.advantages, b.completion_mask,
+                                    clip_low=clip_low, clip_high=clip_high,
+                                    max_log_ratio=max_log_ratio)  # fmt: skip
+  return run_objective("luspo_objective", policy, b, mode=loss_agg_mode,
+                       opts=common_options("luspo_objective", options))  # fmt: skip
+
+
+register_objective(ObjectiveSpec("luspo", luspo_objective, paper="TRL GRPOTrainer (luspo)"))
