@@ -26,7 +26,7 @@ from rlvr_jax.types import pytree_dataclass
 
 sg = jax.lax.stop_gradient
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "k3_is")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3_is", "abs")
 
 # ----------------------------------------------------------------------------------------------
 # KL to the reference (§4.1).
@@ -47,6 +47,9 @@ def kl_estimate(
     (the forward KL).
   * ``k3_is`` = r k3 with r = exp(logp - sg(old_logp)) (old_logp defaults to sg(logp)): value k3
     on-policy, gradient unbiased for grad KL(pi || ref) (TRL ``use_bias_correction_kl``).
+  * ``abs`` = |d|: verl ``kl_penalty='abs'``; not an unbiased KL estimate (its mean is the mean
+    absolute log-ratio, >= |KL|), gradient sign(d) (0 at d = 0): an L1 pull towards the
+    reference, constant in size however close.
 
   Returns [B, T] float32, differentiable in ``logp``.
   """
@@ -57,6 +60,8 @@ def kl_estimate(
     return d
   if estimator == "k2":
     return 0.5 * d * d
+  if estimator == "abs":
+    return d * sg(jnp.sign(d))  # |d| with the subgradient pinned to 0 at d = 0 (jnp.abs: 1)
   k3 = jnp.exp(-d) - 1.0 + d
   if estimator == "k3":
     return k3
