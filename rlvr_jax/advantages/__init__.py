@@ -36,6 +36,7 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``gradient_group_fraction``, ``zero_variance_metrics``, ``pass_at_k`` (metric).
 
 Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (``ESTIMATORS``),
+``baselines`` (verl's OPO, GPG, GDPO and optimal-token baselines; each registers its own spec),
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
@@ -43,6 +44,7 @@ PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``to
 (``tests/test_import_rules.py`` checks it).
 """
 
+from rlvr_jax.advantages import baselines  # noqa: F401  (registers verl's extra baselines)
 from rlvr_jax.advantages.common import (
   gradient_group_fraction,
   handle_zero_variance,
