@@ -43,3 +43,14 @@ def test_opo_golden_and_reference():
   assert got[1, 0] == 0.0
   want = r[1, 1:] - (keep * r[1, 1:]).sum() / keep.sum()
   np.testing.assert_allclose(got[1, 1:], want, rtol=1e-6, atol=1e-7)
+
+
+def test_gpg_golden_and_reference():
+  # 2 groups of 2: rewards [[1, 0], [0, 0]] -> 4 samples, 1 nonzero: alpha = 4;
+  # group 0: mean 0.5 -> A = 4 * [0.5, -0.5] = [2, -2]; group 1: 0.
+  np.testing.assert_allclose(_est("gpg", [[1.0, 0.0], [0.0, 0.0]]), [[2.0, -2.0], [0.0, 0.0]])
+  rewards, _ = _random(1)
+  got = _est("gpg", rewards)
+  alpha = rewards.size / max(1, np.count_nonzero(rewards))  # verl: bsz / count_nonzero(scores)
+  np.testing.assert_allclose(got, alpha * (rewards - rewards.mean(-1, keepdims=True)), rtol=1e-6)
+  assert advantages.SEQUENCE_ESTIMATORS["gpg"] is advantages.ESTIMATORS["gpg"].fn

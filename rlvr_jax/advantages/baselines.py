@@ -44,3 +44,26 @@ def opo_advantages(
 
 register_estimator(EstimatorSpec("opo", opo_advantages, reads=("rewards", "completion_mask"),
                                  paper="arXiv 2505.23585"))  # fmt: skip
+
+
+def gpg_advantages(
+  rewards: jax.Array, *, valid: jax.Array | None = None, f_norm: float = 1.0
+) -> jax.Array:
+  """GPG group baseline with batch re-scaling (Group Policy Gradient, arXiv 2504.02546; verl
+  ``compute_gpg_outcome_advantage``).
+
+    alpha = n_valid / max(1, #{valid samples with R != 0}),
+    A_{p,g} = alpha (R_{p,g} - mean_g R_{p,.}) / f_norm.
+
+  alpha (over the whole batch passed in: rollout scope) compensates for the samples whose reward is
+  0, which carry no gradient of their own. No std division. Groups with < 2 valid samples get
+  A = 0 (verl: mean 0, A = alpha R). Pair with the ``gpg`` objective. [P, G] -> [P, G].
+  """
+  rewards, mask = common.prepare(rewards, valid)
+  mean, _, count = common.group_mean_std(rewards, mask, ddof=0)
+  nonzero = jnp.sum(mask & (rewards != 0)).astype(jnp.float32)
+  alpha = jnp.sum(mask).astype(jnp.float32) / jnp.maximum(nonzero, 1.0)
+  return jnp.where(mask & (count >= 2), alpha * (rewards - mean) / f_norm, 0.0)
+
+
+register_estimator(EstimatorSpec("gpg", gpg_advantages, paper="arXiv 2504.02546"))
