@@ -54,3 +54,38 @@ def test_gpg_golden_and_reference():
   alpha = rewards.size / max(1, np.count_nonzero(rewards))  # verl: bsz / count_nonzero(scores)
   np.testing.assert_allclose(got, alpha * (rewards - rewards.mean(-1, keepdims=True)), rtol=1e-6)
   assert advantages.SEQUENCE_ESTIMATORS["gpg"] is advantages.ESTIMATORS["gpg"].fn
+
+
+def _np_grpo(r):
+  mean, std = r.mean(-1, keepdims=True), r.std(-1, ddof=1, keepdims=True)
+  return np.where(std > 0, (r - mean) / (std + 1e-6), 0.0)
+
+
+def _np_whiten(x, m):
+  v = x[m]
+  return np.where(m, (x - v.mean()) / np.sqrt(v.var(ddof=1) + 1e-8), 0.0)
+
+
+def test_gdpo_golden_and_reference():
+  # One group of 2, two components: [1, 0] and [0, 10]: per-component z-scores
+  # [0.7071, -0.7071] and [-0.7071, 0.7071] cancel (up to eps), where GRPO on the sum (1 vs 10)
+  # gives [-0.7071, 0.7071].
+  comps = np.array([[[1.0, 0.0], [0.0, 10.0]]])
+  mask = np.ones((2, 3), bool)
+  got = _est("gdpo", comps.sum(-1), reward_components=comps, completion_mask=mask)
+  np.testing.assert_allclose(got, 0.0, atol=0.01)
+  np.testing.assert_allclose(_est("grpo", comps.sum(-1)), [[-0.7071, 0.7071]], atol=1e-4)
+  rng = np.random.default_rng(2)
+  comps = rng.integers(0, 2, (P, G, 2)).astype(np.float32) * np.array([1.0, 5.0])
+  _, mask = _random(2)
+  got = advantages.ESTIMATORS["gdpo"].compute(
+    {"rewards": jnp.asarray(comps.sum(-1)), "reward_components": jnp.asarray(comps),
+     "completion_mask": jnp.asarray(mask)}, component_weights=(1.0, 0.5),
+  ).advantages  # fmt: skip
+  s = _np_grpo(comps[..., 0]) + 0.5 * _np_grpo(comps[..., 1])  # verl gdpo: sum_k w_k A_k
+  want = _np_whiten(np.repeat(s.reshape(-1, 1), T, 1) * mask, mask)  # then masked_whiten
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="component_weights"):
+    advantages.ESTIMATORS["gdpo"].compute(
+      {"rewards": jnp.asarray(comps.sum(-1)), "reward_components": jnp.asarray(comps),
+       "completion_mask": jnp.asarray(mask)}, component_weights=(1.0,))  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.advantages import common
+from rlvr_jax.advantages import common, group
 from rlvr_jax.advantages.registry import EstimatorSpec, register_estimator
 
 
@@ -67,3 +67,45 @@ def gpg_advantages(
 
 
 register_estimator(EstimatorSpec("gpg", gpg_advantages, paper="arXiv 2504.02546"))
+
+
+def gdpo_advantages(
+  rewards: jax.Array,
+  reward_components: jax.Array,
+  completion_mask: jax.Array,
+  *,
+  valid: jax.Array | None = None,
+  component_weights: tuple[float, ...] | None = None,
+  epsilon: float = 1e-6,
+) -> jax.Array:
+  """GDPO: group reward-decoupled normalisation (arXiv 2601.05242; verl
+  ``compute_gdpo_outcome_advantage``). Each reward component is normalised in its group BEFORE
+  they are combined, so a dominant component cannot drown the others:
+
+    A_k = GRPO z-score of component k (per group, ddof 1, eps),
+    S = sum_k w_k A_k,   A = whiten(S) over the valid completion tokens (token-weighted, verl's
+    masked_whiten: mean and ddof-1 variance over tokens, + 1e-8).
+
+  ``rewards`` (the summed reward) only decides validity (NaN = failed). Shapes: rewards [P, G],
+  reward_components [P, G, K], completion_mask [B, T] -> [B, T] float32 (token level: the
+  whitening weighs rows by their length).
+  """
+  common.check_rank("reward_components", reward_components, 3, "P, G, K")
+  _, mask = common.prepare(rewards, valid)
+  num_k = reward_components.shape[-1]
+  weights = (1.0,) * num_k if component_weights is None else tuple(component_weights)
+  if len(weights) != num_k:
+    raise ValueError(f"component_weights has {len(weights)} entries for K = {num_k} components")
+  total = sum(
+    w * group.grpo_advantages(reward_components[..., k], valid=mask, epsilon=epsilon)
+    for k, w in enumerate(weights)
+  )
+  _row_lengths(completion_mask, total.shape)  # checks [B, T] against [P, G]
+  tokens = completion_mask.astype(bool) & mask.reshape(-1)[:, None]
+  return common.masked_whiten(jnp.where(tokens, total.reshape(-1)[:, None], 0.0), tokens)
+
+
+register_estimator(EstimatorSpec(
+  "gdpo", gdpo_advantages, level="token", reads=("rewards", "reward_components", "completion_mask"),
+  static=("component_weights",), paper="arXiv 2601.05242",
+))  # fmt: skip
