@@ -89,3 +89,62 @@ def test_gdpo_golden_and_reference():
     advantages.ESTIMATORS["gdpo"].compute(
       {"rewards": jnp.asarray(comps.sum(-1)), "reward_components": jnp.asarray(comps),
        "completion_mask": jnp.asarray(mask)}, component_weights=(1.0,))  # fmt: skip
+
+
+def _np_otb(rewards, mask, old_logp, sum_pi_sq, compact, zero_tail=True, eps=1e-8):
+  """verl compute_(multi_turn_)optimal_token_baseline_advantage, outcome rewards, loops."""
+  B, Tn = mask.shape
+  g_size = rewards.shape[1]
+  w = (1 - 2 * np.exp(old_logp) + sum_pi_sq) * mask
+  wc = np.cumsum(w, -1)
+  ret = np.repeat(rewards.reshape(-1, 1), Tn, 1) * mask
+  if compact:
+    n = mask.sum(-1)
+    wc = np.stack([np.pad(wc[i][mask[i]], (0, Tn - n[i])) for i in range(B)])
+    ret = np.stack([np.pad(ret[i][mask[i]], (0, Tn - n[i])) for i in range(B)])
+    m2 = np.arange(Tn)[None] < n[:, None]
+  else:
+    m2 = mask
+  adv = np.zeros((B, Tn))
+  for p in range(B // g_size):
+    idx = np.arange(p * g_size, (p + 1) * g_size)
+    base = (ret[idx] * wc[idx] * m2[idx]).sum(0) / ((wc[idx] * m2[idx]).sum(0) + eps)
+    bl = np.repeat(base[None], g_size, 0)
+    if zero_tail:
+      ln = m2[idx].sum(-1)
+      s = np.sort(ln)
+      if (ln == s[-1]).sum() == 1 and s[-1] > s[-2]:
+        bl[np.argmax(ln), s[-2] :] = 0.0
+    adv[idx] = (ret[idx] - bl) * m2[idx]
+  if compact:
+    out = np.zeros_like(adv)
+    for i in range(B):
+      out[i][mask[i]] = adv[i, : mask[i].sum()]
+    adv = out
+  return adv
+
+
+def _otb_inputs(seed, gaps):
+  rng = np.random.default_rng(seed)
+  rewards, mask = _random(seed)
+  if gaps:  # tool tokens masked inside responses
+    mask = mask & (rng.uniform(size=mask.shape) > 0.25)
+    mask[:, 0] = True
+  old_logp = -rng.uniform(0.05, 3.0, mask.shape)
+  sum_pi_sq = rng.uniform(np.exp(old_logp) ** 2, 1.0)
+  return rewards, mask, old_logp, sum_pi_sq
+
+
+def test_optimal_token_baseline_golden_and_reference():
+  # One group of 2 rows of length 2, pi = 0.5, sum pi^2 = 0.5: ||s||^2 = 0.5 per token, so
+  # W = [0.5, 1.0] for both rows: B_t = mean(R) = 0.5; A = R - 0.5 (both rows as long).
+  mask = np.ones((2, 2), bool)
+  lp = np.log(np.full((2, 2), 0.5))
+  got = _est("optimal_token_baseline", [[1.0, 0.0]], completion_mask=mask, old_logp=lp,
+             sum_pi_squared=np.full((2, 2), 0.5))  # fmt: skip
+  np.testing.assert_allclose(got, [[0.5, 0.5], [-0.5, -0.5]], rtol=1e-6)
+  rewards, mask, lp, sp = _otb_inputs(3, gaps=False)
+  got = _est("optimal_token_baseline", rewards, completion_mask=mask, old_logp=lp,
+             sum_pi_squared=sp)  # fmt: skip
+  np.testing.assert_allclose(got, _np_otb(rewards, mask, lp, sp, compact=False), rtol=1e-5,
+                             atol=1e-6)  # fmt: skip

@@ -109,3 +109,71 @@ register_estimator(EstimatorSpec(
   "gdpo", gdpo_advantages, level="token", reads=("rewards", "reward_components", "completion_mask"),
   static=("component_weights",), paper="arXiv 2601.05242",
 ))  # fmt: skip
+
+
+def _optimal_token_baseline(rewards, completion_mask, old_logp, sum_pi_squared, valid, *,
+                            handle_zero_tail, epsilon, compact):  # fmt: skip
+  rewards, row_ok = common.prepare(rewards, valid)
+  num_p, num_g = rewards.shape
+  _row_lengths(completion_mask, rewards.shape)  # checks [B, T] against [P, G]
+  common.check_same_shape(("completion_mask", "old_logp", "sum_pi_squared"),
+                          (completion_mask, old_logp, sum_pi_squared))  # fmt: skip
+  m = completion_mask.astype(bool) & row_ok.reshape(-1)[:, None]
+  w = jnp.where(m, 1.0 - 2.0 * jnp.exp(old_logp) + sum_pi_squared, 0.0).astype(jnp.float32)
+  if compact:  # step k = the row's k-th valid token (tool / observation tokens skipped)
+    order = jnp.argsort(~m, axis=-1, stable=True)
+    m, w = jnp.take_along_axis(m, order, -1), jnp.take_along_axis(w, order, -1)
+  big_w = jnp.cumsum(w, axis=-1)  # W_t = sum_{j <= t} ||s_j||^2
+  ret = jnp.where(m, rewards.reshape(-1)[:, None], 0.0)  # outcome reward-to-go: R on every step
+  shape3 = (num_p, num_g, -1)
+  mg, wg, rg = m.reshape(shape3), big_w.reshape(shape3), ret.reshape(shape3)
+  num = jnp.sum(jnp.where(mg, rg * wg, 0.0), axis=1, keepdims=True)
+  den = jnp.sum(jnp.where(mg, wg, 0.0), axis=1, keepdims=True) + epsilon
+  baseline = jnp.broadcast_to(num / den, mg.shape)
+  if handle_zero_tail:  # the unique longest row gets no baseline past the second-longest length
+    length = jnp.sum(mg, axis=-1)  # [P, G]
+    top2 = jax.lax.top_k(length, 2)[0]
+    longest = (length == top2[:, :1]) & (jnp.sum(length == top2[:, :1], -1, keepdims=True) == 1)
+    longest = longest & (top2[:, :1] > top2[:, 1:])
+    tail = jnp.arange(mg.shape[-1])[None, None, :] >= top2[:, 1:, None]
+    baseline = jnp.where(longest[..., None] & tail, 0.0, baseline)
+  enough = (jnp.sum(row_ok, -1) >= 2)[:, None, None]
+  adv = jnp.where(mg & enough, rg - baseline, 0.0).reshape(num_p * num_g, -1)
+  if compact:
+    adv = jnp.take_along_axis(adv, jnp.argsort(order, axis=-1), -1)
+  return adv
+
+
+def optimal_token_baseline_advantages(
+  rewards: jax.Array,
+  completion_mask: jax.Array,
+  old_logp: jax.Array,
+  sum_pi_squared: jax.Array,
+  *,
+  valid: jax.Array | None = None,
+  handle_zero_tail: bool = True,
+  epsilon: float = 1e-8,
+) -> jax.Array:
+  """Optimal token baseline (OTB; verl ``compute_optimal_token_baseline_advantage``): a baseline
+  per group AND per position, weighted by the path's accumulated score-function variance.
+
+    ||s_j||^2 = 1 - 2 pi_j + sum_v pi(v)^2   (pi_j = e^{old_logp_j}, the sampled token's prob.),
+    W_t = sum_{j <= t} m_j ||s_j||^2,   G_t = R (the outcome reward-to-go on every valid token),
+    B_{p,t} = sum_g G_{g,t} W_{g,t} m_{g,t} / (sum_g W_{g,t} m_{g,t} + eps),   A = (G - B) m.
+
+  ``handle_zero_tail``: the group's unique longest row gets B = 0 past the second-longest
+  length (where B would be its own return). Positions are absolute token indices; with tool /
+  observation tokens masked inside a response use ``tir_optimal_token_baseline``. Groups with < 2
+  valid samples get A = 0 (verl: no baseline, A = R). Shapes: rewards [P, G]; completion_mask,
+  old_logp, sum_pi_squared [B, T] -> [B, T] float32.
+  """
+  return _optimal_token_baseline(rewards, completion_mask, old_logp, sum_pi_squared, valid,
+                                 handle_zero_tail=handle_zero_tail, epsilon=epsilon,
+                                 compact=False)  # fmt: skip
+
+
+_OTB_READS = ("rewards", "completion_mask", "old_logp", "sum_pi_squared")
+register_estimator(EstimatorSpec(
+  "optimal_token_baseline", optimal_token_baseline_advantages, level="token", reads=_OTB_READS,
+  static=("handle_zero_tail",), paper="verl optimal_token_baseline",
+))  # fmt: skip
