@@ -148,3 +148,16 @@ def test_optimal_token_baseline_golden_and_reference():
              sum_pi_squared=sp)  # fmt: skip
   np.testing.assert_allclose(got, _np_otb(rewards, mask, lp, sp, compact=False), rtol=1e-5,
                              atol=1e-6)  # fmt: skip
+
+
+def test_tir_optimal_token_baseline_reference():
+  rewards, mask, lp, sp = _otb_inputs(4, gaps=True)
+  kw = dict(completion_mask=mask, old_logp=lp, sum_pi_squared=sp)
+  got = _est("tir_optimal_token_baseline", rewards, **kw)
+  np.testing.assert_allclose(got, _np_otb(rewards, mask, lp, sp, compact=True), rtol=1e-5,
+                             atol=1e-6)  # fmt: skip
+  assert not np.allclose(got, _est("optimal_token_baseline", rewards, **kw))  # gaps matter
+  prefix = np.arange(T)[None] < mask.sum(-1)[:, None]  # without gaps both forms agree
+  kw["completion_mask"] = prefix
+  np.testing.assert_allclose(_est("tir_optimal_token_baseline", rewards, **kw),
+                             _est("optimal_token_baseline", rewards, **kw), rtol=1e-6)  # fmt: skip

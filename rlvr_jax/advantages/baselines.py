@@ -177,3 +177,30 @@ register_estimator(EstimatorSpec(
   "optimal_token_baseline", optimal_token_baseline_advantages, level="token", reads=_OTB_READS,
   static=("handle_zero_tail",), paper="verl optimal_token_baseline",
 ))  # fmt: skip
+
+
+def tir_optimal_token_baseline_advantages(
+  rewards: jax.Array,
+  completion_mask: jax.Array,
+  old_logp: jax.Array,
+  sum_pi_squared: jax.Array,
+  *,
+  valid: jax.Array | None = None,
+  handle_zero_tail: bool = True,
+  epsilon: float = 1e-8,
+) -> jax.Array:
+  """Optimal token baseline for tool-integrated responses (verl ``tir_optimal_token_baseline``,
+  ``compute_multi_turn_optimal_token_baseline_advantage``): ``optimal_token_baseline_advantages``
+  with step t = the row's t-th VALID token, so rows whose tool / observation tokens (masked) sit
+  at different places are compared step for step; results go back to the tokens' places. Same
+  formula, shapes and conventions; equal to the plain form when every mask is a prefix.
+  """
+  return _optimal_token_baseline(rewards, completion_mask, old_logp, sum_pi_squared, valid,
+                                 handle_zero_tail=handle_zero_tail, epsilon=epsilon,
+                                 compact=True)  # fmt: skip
+
+
+register_estimator(EstimatorSpec(
+  "tir_optimal_token_baseline", tir_optimal_token_baseline_advantages, level="token",
+  reads=_OTB_READS, static=("handle_zero_tail",), paper="verl tir_optimal_token_baseline",
+))  # fmt: skip
