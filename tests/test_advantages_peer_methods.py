@@ -161,3 +161,24 @@ def test_tir_optimal_token_baseline_reference():
   kw["completion_mask"] = prefix
   np.testing.assert_allclose(_est("tir_optimal_token_baseline", rewards, **kw),
                              _est("optimal_token_baseline", rewards, **kw), rtol=1e-6)  # fmt: skip
+
+
+def test_pass_rate_filter_rejects_all_wrong_and_all_right_groups():
+  outcomes = np.array([[0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [0.5, 0.5, 0.5, 0.5]], np.float32)
+  flt = advantages.GROUP_FILTERS["pass_rate"].fn
+  np.testing.assert_array_equal(flt(jnp.asarray(outcomes)), [True, True, False, True])
+  # Varying partial credit that no sample passes: pass_rate rejects, zero_variance keeps.
+  zv = advantages.GROUP_FILTERS["zero_variance"].fn
+  partial = jnp.asarray([[0.2, 0.4, 0.0, 0.0]])
+  assert bool(flt(partial)[0]) and not bool(zv(partial)[0])
+  np.testing.assert_array_equal(zv(jnp.asarray(outcomes)), [True, True, False, True])
+  # A failed (NaN) sample is left out; a group with none valid is rejected.
+  mixed = np.array([[1.0, np.nan, 0.0, 1.0], [np.nan] * 4], np.float32)
+  np.testing.assert_array_equal(flt(jnp.asarray(mixed)), [False, True])
+  # PRIME's band [0.2, 0.8]: a_p = 0.25 is kept with low = 0.2, rejected with low = 0.25.
+  assert not bool(flt(jnp.asarray(outcomes[2:3]), low=0.2)[0])
+  assert bool(flt(jnp.asarray(outcomes[2:3]), low=0.25)[0])
+  rng = np.random.default_rng(5)
+  o = rng.integers(0, 2, (20, 4)).astype(np.float32)
+  rate = o.mean(-1)
+  np.testing.assert_array_equal(flt(jnp.asarray(o)), (rate <= 0) | (rate >= 1))

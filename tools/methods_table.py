@@ -1,4 +1,4 @@
-"""Writes docs/methods_table.md, the table of every registered objective and advantage estimator,
+"""Writes docs/methods_table.md, the table of every registered objective, advantage estimator and rollout group filter,
 generated from the registries (``losses.OBJECTIVES``, ``advantages.ESTIMATORS``).
 
   python tools/methods_table.py          # rewrite docs/methods_table.md
@@ -67,6 +67,16 @@ def render() -> str:
       f"| {_code(s.outputs)} | {'yes' if s.stateful else '-'} | {_cell(s.paper) or '-'} "
       f"| {_cell(s.summary)} |"
     )
+  out += [
+    "",
+    "## Rollout group filters (`rlvr_jax.advantages.GROUP_FILTERS`)",
+    "",
+    "| name | function | summary |",
+    "|---|---|---|",
+  ]
+  for name in sorted(advantages.GROUP_FILTERS):
+    f = advantages.GROUP_FILTERS[name]
+    out.append(f"| `{name}` | `{f.fn.__module__}.{f.fn.__name__}` | {_cell(f.summary)} |")
   return "\n".join(out) + "\n"
 
 

@@ -37,6 +37,7 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
 
 Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (``ESTIMATORS``),
 ``baselines`` (verl's OPO, GPG, GDPO and optimal-token baselines; each registers its own spec),
+``filters`` (``GROUP_FILTERS``: rollout group filters, zero-variance and pass-rate),
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
@@ -55,6 +56,7 @@ from rlvr_jax.advantages.common import (
   zero_variance_groups,
   zero_variance_metrics,
 )
+from rlvr_jax.advantages.filters import GROUP_FILTERS, GroupFilter, register_filter
 from rlvr_jax.advantages.group import (
   CopoAdvantages,
   canon_advantages,
@@ -98,6 +100,9 @@ from rlvr_jax.advantages.token_level import (
 
 __all__ = [
   "ESTIMATORS",
+  "GROUP_FILTERS",
+  "GroupFilter",
+  "register_filter",
   "READS",
   "SEQUENCE_ESTIMATORS",
   "Estimate",
