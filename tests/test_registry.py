@@ -4,6 +4,7 @@ tables, and the public registration API."""
 
 import inspect
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -168,3 +169,29 @@ def test_sequence_estimators_view_and_register_estimator():
     advantages.EstimatorSpec("bad", halved, reads=("rewards", "tea_leaves"))
   with pytest.raises(ValueError, match="unknown advantage estimator"):
     advantages.get_estimator("test_halved")
+
+
+def test_adaptive_entropy_state_drives_the_coefficient():
+  spec = losses.OBJECTIVES["adaptive_entropy"]
+  hp = {"target_entropy": 1.0, "entropy_coef_init": 0.1, "entropy_coef_delta": 0.05}
+  s0 = spec.state.init(hp)
+  kw = spec.state.step_kwargs(s0, {}, hp)
+  assert float(kw["adaptive_entropy_coef"]) == pytest.approx(0.1)  # H_last = 0 <= target
+  d = _batch()
+  n_tok = jnp.sum(d["completion_mask"]).astype(jnp.float32)
+
+  def loss(entropy, coef):
+    return spec(d["logp"], d["old_logp"], d["advantages"], d["completion_mask"], num_tokens=n_tok,
+                num_seqs=jnp.float32(B), entropy=entropy, adaptive_entropy_coef=coef)[0]  # fmt: skip
+
+  # The bonus is -c mean(H): its gradient w.r.t. H is -c / N_tok on valid tokens.
+  g = jax.grad(loss)(d["entropy"], kw["adaptive_entropy_coef"])
+  m = np.asarray(d["completion_mask"], np.float32)
+  np.testing.assert_allclose(np.asarray(g), -0.1 * m / float(n_tok), rtol=1e-5)
+  s1 = spec.state.update(s0, {}, {"entropy/mean": jnp.float32(0.5)}, hp)  # below target: c up
+  assert float(s1.coef) == pytest.approx(0.15)
+  s2 = spec.state.update(s1, {}, {"entropy/mean": jnp.float32(2.0)}, hp)  # above: c down, off
+  assert float(s2.coef) == pytest.approx(0.1)
+  assert float(spec.state.step_kwargs(s2, {}, hp)["adaptive_entropy_coef"]) == 0.0
+  with pytest.raises(ValueError, match="adaptive_entropy_coef"):
+    loss(d["entropy"], None)

@@ -52,7 +52,8 @@ Parts (this ``__init__`` is only the public API; the code is in):
   -> KL / entropy terms -> metrics) and ``CommonOptions``;
 * ``recipes`` (PPO family and ratio variants), ``recipes_entropy`` (Clip-Cov, KL-Cov, 80/20, STEER,
   Lp-Reg, SIREN), ``recipes_peers`` (verl / TRL losses: GPG, DPPO, DRO, VESPO, sequence-level
-  CISPO / SAPO, LUSPO; each registers its own spec): one ``*_objective`` each;
+  CISPO / SAPO, LUSPO), ``recipes_adaptive`` (stateful: adaptive entropy), each registering its
+  own spec: one ``*_objective`` each;
 * ``registry``: ``OBJECTIVES`` (name -> ``ObjectiveSpec``, the one table: the loss function, whether
   it is token-local, its step statistics, the extra arrays it reads, its state between steps),
   ``register_objective``, and the views ``TOKEN_LOCAL_OBJECTIVES``, ``STEP_STAT_OBJECTIVES``,
@@ -62,7 +63,7 @@ The package imports only jax (and ``rlvr_jax.regularizers`` / ``rlvr_jax.types``
 ``tests/test_import_rules.py`` checks it.
 """
 
-from rlvr_jax.losses import recipes_peers  # noqa: F401  (registers the peers' objectives)
+from rlvr_jax.losses import recipes_adaptive, recipes_peers  # noqa: F401  (they register specs)
 from rlvr_jax.losses.aggregation import (
   AGGREGATION_MODES,
   aggregate,
