@@ -3,7 +3,7 @@
 * Pure math (``losses/``, ``advantages/``, ``logprobs/``, ``regularizers``, ``types``) imports only
   jax (with jax's own numpy and, optionally, chex), a few pure-computation stdlib modules, and
   other pure-math modules of ``rlvr_jax``.
-* ``rewards/`` imports no jax (the runtime check that workers start without jax is
+* ``rewards/`` and ``envs/`` import no jax (the runtime check that workers start without jax is
   ``test_rewards_runtime.py``; this one also covers modules no test happens to import) and no
   ``rlvr_jax`` code outside ``rewards/``.
 * ``model/`` and ``sampling/`` import no training code (``rlvr_jax.train``, ``rlvr_jax.main``).
@@ -91,11 +91,11 @@ def pure_math_violations(path: pathlib.Path) -> list[str]:
   return bad
 
 
-def rewards_violations(path: pathlib.Path) -> list[str]:
+def rewards_violations(path: pathlib.Path, allowed=("rlvr_jax.rewards",)) -> list[str]:
   bad = []
   for line, name in imports(path):
     top = name.split(".")[0]
-    if top in JAX_FAMILY or (top == "rlvr_jax" and not _under(name, ("rlvr_jax.rewards",))):
+    if top in JAX_FAMILY or (top == "rlvr_jax" and not _under(name, allowed)):
       bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
   return bad
 
@@ -127,6 +127,16 @@ def test_rewards_import_no_jax():
   assert len(files) > 5
   bad = [v for f in files for v in rewards_violations(f)]
   assert not bad, _report("rewards/ imports no jax and no rlvr_jax outside rewards/", bad)
+
+
+def test_envs_import_no_jax():
+  # environments run host-side in worker processes, as rewards do (they may use the rewards'
+  # worker machinery, sandbox and safe evaluator, and the char tokenizer)
+  files = _files("envs")
+  assert len(files) > 5
+  allowed = ("rlvr_jax.envs", "rlvr_jax.rewards", "rlvr_jax.data.char_tokenizer")
+  bad = [v for f in files for v in rewards_violations(f, allowed)]
+  assert not bad, _report("envs/ imports no jax and only envs/, rewards/ of rlvr_jax", bad)
 
 
 def test_model_and_sampling_import_no_training_code():

@@ -140,12 +140,19 @@ def test_math_reward_values_and_outcome():
   np.testing.assert_array_equal(out.info["correct"], [1, 0, 0, 0])
   np.testing.assert_array_equal(out.info["has_answer"], [1, 1, 0, 0])
   assert list(out.info["extracted_answer"]) == ["4", "5", None, None]
+  # Default: only a marked answer counts, so the unmarked "4" is no answer.
   default = MathReward(no_answer_value=-0.5)
-  np.testing.assert_array_equal(default(["q"] * 4, completions, answer=answers), [1, 0, -0.5, 1])
+  np.testing.assert_array_equal(default(["q"] * 4, completions, answer=answers), [1, 0, -0.5, -0.5])
+  lenient = MathReward(no_answer_value=-0.5, fallback="last_number")
+  np.testing.assert_array_equal(lenient(["q"] * 4, completions, answer=answers), [1, 0, -0.5, 1])
   with pytest.raises(ValueError, match="answer="):
     default(["q"], ["x"])
   with pytest.raises(ValueError, match="unknown extraction"):
     MathReward(extract=("boxd",))
+  with pytest.raises(ValueError, match="fallback='last_number'"):
+    MathReward(extract=("boxed", "last_number"))
+  with pytest.raises(ValueError, match="fallback="):
+    MathReward(fallback="first_number")
 
 
 def test_in_worker_style_timeout_raises_item_timeout():

@@ -28,6 +28,11 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``copo_advantages``, ``canon_advantages``;
 * token level ``-> [B, T]``: ``reinforce_plus_plus_advantages``,
   ``reinforce_plus_plus_baseline_advantages``, ``gae_advantages``;
+* turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
+  ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
+  group normalisation shared by CM2 / MatchTIR / A2TGPO / MAPO), ``mapo_advantages``,
+  ``matchtir_advantages``, ``a2tgpo_advantages`` (+ ``depth_scaled_returns``, ``turn_clip_range``),
+  ``geometric_outcome_credit`` (EAPO), ``gated_return`` (G-RA), ``turn_values_to_tokens``;
 * ``ESTIMATORS``: name -> ``EstimatorSpec``, the one table (what each estimator reads, its level,
   its extra outputs for the objective, its state); ``register_estimator`` adds one;
   ``SEQUENCE_ESTIMATORS`` is the view name -> function of those that read only the rewards;
@@ -41,8 +46,8 @@ Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
-(REINFORCE++, its baseline variant, GAE). The package imports only jax
-(``tests/test_import_rules.py`` checks it).
+(REINFORCE++, its baseline variant, GAE), ``turns`` (turn-level returns and advantages). The
+package imports only jax (``tests/test_import_rules.py`` checks it).
 """
 
 from rlvr_jax.advantages import baselines  # noqa: F401  (registers verl's extra baselines)
@@ -97,6 +102,19 @@ from rlvr_jax.advantages.token_level import (
   reinforce_plus_plus_advantages,
   reinforce_plus_plus_baseline_advantages,
 )
+from rlvr_jax.advantages.turns import (
+  a2tgpo_advantages,
+  depth_scaled_returns,
+  discounted_turn_returns,
+  episode_return,
+  gated_return,
+  geometric_outcome_credit,
+  mapo_advantages,
+  matchtir_advantages,
+  turn_clip_range,
+  turn_group_normalize,
+  turn_values_to_tokens,
+)
 
 __all__ = [
   "ESTIMATORS",
@@ -140,4 +158,15 @@ __all__ = [
   "valid_mask",
   "zero_variance_groups",
   "zero_variance_metrics",
+  "a2tgpo_advantages",
+  "depth_scaled_returns",
+  "discounted_turn_returns",
+  "episode_return",
+  "gated_return",
+  "geometric_outcome_credit",
+  "mapo_advantages",
+  "matchtir_advantages",
+  "turn_clip_range",
+  "turn_group_normalize",
+  "turn_values_to_tokens",
 ]

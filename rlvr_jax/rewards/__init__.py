@@ -20,10 +20,12 @@ from rlvr_jax.rewards.code_sandbox import (
 )
 from rlvr_jax.rewards.combine import CombinedReward
 from rlvr_jax.rewards.format_reward import FormatReward, format_ok
+from rlvr_jax.rewards.humaneval_reward import HumanEvalReward
 from rlvr_jax.rewards.length import (
   CosineReward,
   LaserReward,
   OverlongReward,
+  RepetitionReward,
   cosine_length_reward,
   laser_d_buckets,
   laser_d_choose_targets,
@@ -48,6 +50,8 @@ from rlvr_jax.rewards.protocol import (
   as_item_reward,
   pad_token_rewards,
 )
+from rlvr_jax.rewards.reasoning_gym_reward import ReasoningGymReward
+from rlvr_jax.rewards.registry import REWARDS, build_library_reward, import_reward
 from rlvr_jax.rewards.runtime import RewardFailure, RewardResult, RewardRuntime
 from rlvr_jax.rewards.tasks import (
   ArithmeticReward,
@@ -64,25 +68,31 @@ __all__ = [
   "CountdownReward",
   "FormatReward",
   "FunctionReward",
+  "HumanEvalReward",
   "ItemReward",
   "ItemTimeout",
   "LaserReward",
   "MathReward",
   "OverlongReward",
+  "RepetitionReward",
+  "ReasoningGymReward",
   "RewardFailure",
   "RewardFn",
   "RewardOutput",
   "RewardResult",
+  "REWARDS",
   "RewardRuntime",
   "SandboxLimits",
   "SandboxResult",
   "as_item_reward",
+  "build_library_reward",
   "check_countdown",
   "cosine_length_reward",
   "extract_answer",
   "extract_boxed",
   "extract_code",
   "format_ok",
+  "import_reward",
   "laser_d_buckets",
   "laser_d_choose_targets",
   "laser_reward",

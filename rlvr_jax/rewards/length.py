@@ -2,7 +2,8 @@
 
 Array functions (numpy, [B] in, [B] out) plus :class:`ItemReward` wrappers that take their
 correctness from an inner reward (default :class:`MathReward`) and the token counts from the
-reserved field ``completion_lengths``.
+reserved field ``completion_lengths``, and :class:`RepetitionReward`, a stand-alone sequence-level
+repetition penalty.
 """
 
 from __future__ import annotations
@@ -209,6 +210,7 @@ class CosineReward(protocol.ItemReward):
   wrong_short: float = -10.0
   wrong_long: float = 0.0
   exceed_value: float = -10.0
+  exceed_margin: int = 16
   repetition_ngram: int = 0
   repetition_penalty: float = -0.05
   sequence_repetition_penalty: float = 0.0
@@ -238,6 +240,7 @@ class CosineReward(protocol.ItemReward):
       wrong_short=self.wrong_short,
       wrong_long=self.wrong_long,
       exceed_value=self.exceed_value,
+      exceed_margin=self.exceed_margin,
     )
     if self.sequence_repetition_penalty:
       # Sequence version: R += P * (1 - #unique / #total word n-grams), wrong answers only.
@@ -290,3 +293,27 @@ class LaserReward(protocol.ItemReward):
         metrics[f"laser/bucket_frac/{name}"] = float(np.mean(buckets == b))
     rewards = laser_reward(correct, has_answer, lengths, target, alpha=self.alpha, mode=self.mode)
     return protocol.RewardOutput(rewards, info={"correct": correct}, metrics=metrics)
+
+
+@dataclasses.dataclass(frozen=True)
+class RepetitionReward(protocol.ItemReward):
+  """Sequence-level repetition penalty as its own reward term (add it to an answer reward with
+  :class:`CombinedReward`):
+
+    R = penalty * (1 - #unique / #total word n-grams of the completion)
+
+  0 for a completion without repeated n-grams, ``penalty`` (<= 0) in the limit of one n-gram
+  repeated throughout. Unlike :class:`CosineReward`'s variant it applies to every answer."""
+
+  ngram: int = 3
+  penalty: float = -1.0
+  name: str = "repetition"
+
+  def __post_init__(self):
+    if self.penalty > 0 or self.ngram < 1:
+      raise ValueError(f"need penalty <= 0 and ngram >= 1, got {self.penalty=}, {self.ngram=}")
+
+  def score_item(self, prompt: str, completion: str, **_: Any) -> dict:
+    text = completion.decode("utf-8", "replace") if isinstance(completion, bytes) else completion
+    fraction = word_ngram_repetition(str(text), ngram=self.ngram)
+    return {"reward": self.penalty * fraction, "repetition": fraction}

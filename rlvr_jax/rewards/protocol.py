@@ -56,12 +56,16 @@ class RewardOutput:
     token_rewards: optional [B, T] float32 per-token rewards, T = max completion length, zero
       after each row's length (use :func:`pad_token_rewards` to reach the trainer's T).
     metrics: scalar metrics with slash-separated names.
+    failures: rows that ``combine`` itself found failed (a component that raised or returned a
+      wrong type, length or NaN), as row -> (cause, message); the runtime lists and counts them
+      like worker failures.
   """
 
   rewards: np.ndarray
   info: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
   token_rewards: np.ndarray | None = None
   metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  failures: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def check_batch(
@@ -114,12 +118,16 @@ def require_group_size(fields: dict[str, Any], num_rows: int, who: str) -> int:
 
 
 def scores_column(scores: Sequence[dict | None], key: str, default: float = np.nan) -> np.ndarray:
-  """[B] float32 column ``key`` of per-item score dicts; NaN where the item failed (None)."""
+  """[B] float32 column ``key`` of per-item score dicts; NaN where the item failed (None) or the
+  value is not a number (the runtime then counts the row as an "invalid" failure)."""
   out = np.full(len(scores), np.nan, dtype=np.float32)
   for i, s in enumerate(scores):
     if s is not None:
       value = s.get(key, default)
-      out[i] = np.nan if value is None else float(value)
+      try:
+        out[i] = np.nan if value is None else float(value)
+      except (TypeError, ValueError, OverflowError):
+        out[i] = np.nan
   return out
 
 

