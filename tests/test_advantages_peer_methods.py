@@ -167,8 +167,8 @@ def test_pass_rate_filter_rejects_all_wrong_and_all_right_groups():
   outcomes = np.array([[0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [0.5, 0.5, 0.5, 0.5]], np.float32)
   flt = advantages.GROUP_FILTERS["pass_rate"].fn
   np.testing.assert_array_equal(flt(jnp.asarray(outcomes)), [True, True, False, True])
-  # Varying partial credit that no sample passes: pass_rate rejects, zero_variance keeps.
-  zv = advantages.GROUP_FILTERS["zero_variance"].fn
+  # Varying partial credit that no sample passes: pass_rate rejects, constant_outcome keeps.
+  zv = advantages.GROUP_FILTERS["constant_outcome"].fn
   partial = jnp.asarray([[0.2, 0.4, 0.0, 0.0]])
   assert bool(flt(partial)[0]) and not bool(zv(partial)[0])
   np.testing.assert_array_equal(zv(jnp.asarray(outcomes)), [True, True, False, True])

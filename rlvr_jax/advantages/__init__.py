@@ -42,7 +42,7 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
 
 Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (``ESTIMATORS``),
 ``baselines`` (verl's OPO, GPG, GDPO and optimal-token baselines; each registers its own spec),
-``filters`` (``GROUP_FILTERS``: rollout group filters, zero-variance and pass-rate),
+``filters`` (``GROUP_FILTERS``: rollout group filters, constant outcome and pass rate),
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
@@ -61,7 +61,12 @@ from rlvr_jax.advantages.common import (
   zero_variance_groups,
   zero_variance_metrics,
 )
-from rlvr_jax.advantages.filters import GROUP_FILTERS, GroupFilter, register_filter
+from rlvr_jax.advantages.filters import (
+  DEFAULT_GROUP_FILTER,
+  GROUP_FILTERS,
+  GroupFilter,
+  register_filter,
+)
 from rlvr_jax.advantages.group import (
   CopoAdvantages,
   canon_advantages,
@@ -81,6 +86,7 @@ from rlvr_jax.advantages.passk import (
   pkpo_rewards,
 )
 from rlvr_jax.advantages.registry import (
+  DEFAULT_ESTIMATOR,
   ESTIMATORS,
   READS,
   SEQUENCE_ESTIMATORS,
@@ -117,6 +123,8 @@ from rlvr_jax.advantages.turns import (
 )
 
 __all__ = [
+  "DEFAULT_ESTIMATOR",
+  "DEFAULT_GROUP_FILTER",
   "ESTIMATORS",
   "GROUP_FILTERS",
   "GroupFilter",

@@ -39,7 +39,8 @@ def register_filter(spec: GroupFilter, *, replace: bool = False) -> GroupFilter:
   return spec
 
 
-register_filter(GroupFilter("zero_variance", common.zero_variance_groups))
+DEFAULT_GROUP_FILTER = "constant_outcome"  # the config's default (METHODS.md §2.11)
+register_filter(GroupFilter("constant_outcome", common.zero_variance_groups))
 
 
 def pass_rate_groups(
@@ -56,8 +57,8 @@ def pass_rate_groups(
     a_p = mean over the group's valid samples of 1[outcome > success_threshold],
     reject p if a_p <= low or a_p >= high (or if no sample is valid).
 
-  Unlike ``zero_variance`` it judges success, not spread: a group of varying partial credit that no
-  sample passes (outcomes [0.2, 0.4, 0, 0]) is rejected here and kept by ``zero_variance``. PRIME keeps
+  Unlike ``constant_outcome`` it judges success, not spread: a group of varying partial credit that no
+  sample passes (outcomes [0.2, 0.4, 0, 0]) is rejected here and kept by ``constant_outcome``. PRIME keeps
   a_p in [0.2, 0.8], alibaba/ROLL 0.1 < a_p < 0.95 (set ``low`` / ``high``). [P, G] -> [P] bool.
   """
   outcomes, mask = common.prepare(outcomes, valid)

@@ -126,6 +126,11 @@ class EstimatorSpec:
     skip = set(READS) | {"valid", "state", "axis_name"}
     return {n: defaults.get(n) for n in names if n not in skip}
 
+  def required_hyperparameters(self) -> tuple[str, ...]:
+    """The keyword settings of ``fn`` without a default (e.g. pass@k's ``k``)."""
+    defaults = self.fn.__kwdefaults__ or {}
+    return tuple(n for n in self.hyperparameters() if n not in defaults)
+
 
 # ----------------------------------------------------------------------------------------------
 # Adapters for the estimators without the plain keyword form.
@@ -163,6 +168,7 @@ def _gae_call(spec, inputs, state, hp) -> Estimate:
 # The table.
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
+DEFAULT_ESTIMATOR = "grpo"  # the config's default
 
 
 def register_estimator(spec: EstimatorSpec, *, replace: bool = False) -> EstimatorSpec:

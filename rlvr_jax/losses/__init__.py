@@ -98,6 +98,7 @@ from rlvr_jax.losses.recipes_entropy import (
   steer_objective,
 )
 from rlvr_jax.losses.registry import (
+  DEFAULT_OBJECTIVE,
   INPUT_SOURCES,
   OBJECTIVES,
   STEP_STAT_OBJECTIVES,
@@ -138,6 +139,7 @@ from rlvr_jax.losses.surrogates import (
 
 __all__ = [
   "AGGREGATION_MODES",
+  "DEFAULT_OBJECTIVE",
   "INPUT_SOURCES",
   "MISMATCH_MODES",
   "OBJECTIVES",

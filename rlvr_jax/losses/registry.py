@@ -237,6 +237,8 @@ SIREN_STATE = MethodState(
 # ----------------------------------------------------------------------------------------------
 # The table.
 
+DEFAULT_OBJECTIVE = "grpo"  # the config's default
+
 _PPO_LIKE = dict(token_local=True)
 OBJECTIVES: dict[str, ObjectiveSpec] = {}
 
