@@ -72,11 +72,14 @@ class Trainer:
     if latest is not None:
       rundir.check_resume(c, latest)
     self.finished = rundir.finished_summary(c, latest)
+    # Every process has read config.json / summary.json before the primary rewrites them.
+    self.layout.barrier("rundir_checked")
     if self.finished is not None:
       return
     if self.layout.is_primary:
-      with open(os.path.join(c.workdir, "config.json"), "w") as f:
-        f.write(c.to_json_best_effort(indent=2))
+      rundir.write_text_atomic(
+        os.path.join(c.workdir, "config.json"), c.to_json_best_effort(indent=2)
+      )
     t0 = time.perf_counter()
     what = {"tiny": "initialising", "smollm2": "loading SmolLM2 weights"}.get(c.model.source)
     log(f"{what or f'loading weights from {c.model.path}'} ...")
