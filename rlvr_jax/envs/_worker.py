@@ -19,17 +19,13 @@ Messages out: ("ready",) once; per unit ("ok", uid, value, seconds) or
 
 from __future__ import annotations
 
-import multiprocessing.connection
 import random
-import resource
-import signal
-import sys
 import time
 
 import numpy as np
 
 from rlvr_jax.envs import protocol, registry
-from rlvr_jax.rewards._worker import describe
+from rlvr_jax.rewards._worker import describe, start_worker
 
 
 def _seed_globals(seed) -> None:
@@ -126,12 +122,4 @@ def _serve(conn) -> None:
 
 
 def main() -> None:
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer; it stops us
-  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  conn = multiprocessing.connection.Connection(int(sys.argv[1]))
-  _, sys_path, memory_limit_bytes = conn.recv()
-  sys.path[:] = sys_path
-  if memory_limit_bytes:
-    resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
-  conn.send(("ready",))
-  _serve(conn)
+  _serve(start_worker())

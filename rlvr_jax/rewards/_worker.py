@@ -131,8 +131,11 @@ def _serve(conn) -> None:
       conn.send(reply)
 
 
-def main() -> None:
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer; it stops us
+def start_worker() -> multiprocessing.connection.Connection:
+  """The start of every worker interpreter (reward and environment workers): ignore Ctrl-C (the
+  trainer stops us), no core dumps, the parent's ``sys.path`` and memory limit from the first
+  message; then ``("ready",)``. Returns the connection to serve on."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
   conn = multiprocessing.connection.Connection(int(sys.argv[1]))
   _, sys_path, memory_limit_bytes = conn.recv()
@@ -140,4 +143,8 @@ def main() -> None:
   if memory_limit_bytes:
     resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
   conn.send(("ready",))
-  _serve(conn)
+  return conn
+
+
+def main() -> None:
+  _serve(start_worker())
