@@ -28,6 +28,13 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``copo_advantages``, ``canon_advantages``;
 * token level ``-> [B, T]``: ``reinforce_plus_plus_advantages``,
   ``reinforce_plus_plus_baseline_advantages``, ``gae_advantages``;
+* dense credit (``[B, T]`` token / step rewards, METHODS.md §5.8-5.9):
+  ``implicit_process_rewards`` (PRIME), ``segment_steps`` (+ ``StepSegments``),
+  ``min_form_credit`` (PURE), ``group_loo_token_rewards``, ``token_rloo_returns``,
+  ``prime_advantages``, ``pure_advantages``; REINFORCE++ takes dense rewards via
+  ``token_rewards=``;
+* prompt filters: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``),
+  ``accuracy_band_filter``;
 * turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
   ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
   group normalisation shared by CM2 / MatchTIR / A2TGPO / MAPO), ``mapo_advantages``,
@@ -42,7 +49,8 @@ Parts (this ``__init__`` is only the public API and ``SEQUENCE_ESTIMATORS``; the
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
-(REINFORCE++, its baseline variant, GAE), ``turns`` (turn-level returns and advantages). The package imports only jax
+(REINFORCE++, its baseline variant, GAE), ``process`` (dense credit: PRIME, PURE, step
+segmentation), ``filters`` (RLPR std filter, accuracy band), ``turns`` (turn-level returns and advantages). The package imports only jax
 (``tests/test_import_rules.py`` checks it).
 """
 
@@ -55,6 +63,12 @@ from rlvr_jax.advantages.common import (
   valid_mask,
   zero_variance_groups,
   zero_variance_metrics,
+)
+from rlvr_jax.advantages.filters import (
+  StdFilterState,
+  accuracy_band_filter,
+  rlpr_std_filter,
+  std_filter_init,
 )
 from rlvr_jax.advantages.group import (
   CopoAdvantages,
@@ -73,6 +87,16 @@ from rlvr_jax.advantages.passk import (
   passk_training_advantages,
   pkpo_advantages,
   pkpo_rewards,
+)
+from rlvr_jax.advantages.process import (
+  StepSegments,
+  group_loo_token_rewards,
+  implicit_process_rewards,
+  min_form_credit,
+  prime_advantages,
+  pure_advantages,
+  segment_steps,
+  token_rloo_returns,
 )
 from rlvr_jax.advantages.riskpo import (
   DEFAULT_LEVELS,
@@ -158,4 +182,16 @@ __all__ = [
   "turn_clip_range",
   "turn_group_normalize",
   "turn_values_to_tokens",
+  "StdFilterState",
+  "StepSegments",
+  "accuracy_band_filter",
+  "group_loo_token_rewards",
+  "implicit_process_rewards",
+  "min_form_credit",
+  "prime_advantages",
+  "pure_advantages",
+  "rlpr_std_filter",
+  "segment_steps",
+  "std_filter_init",
+  "token_rloo_returns",
 ]

@@ -51,6 +51,9 @@ Parts (this ``__init__`` is only the public API; the code is in):
   -> KL / entropy terms -> metrics) and ``CommonOptions``;
 * ``recipes`` (PPO family and ratio variants), ``recipes_entropy`` (Clip-Cov, KL-Cov, 80/20, STEER,
   Lp-Reg, SIREN): one ``*_objective`` each;
+* ``auxiliary``: losses added next to the policy loss by reward-model methods: PRIME's implicit
+  PRM cross-entropy (``implicit_prm_loss``, ``implicit_prm_score``; for a second parameter tree)
+  and LaSeR's self-reward MSE (``laser_self_reward_loss``);
 * ``registry``: ``OBJECTIVES`` (name -> objective, the one registry), ``TOKEN_LOCAL_OBJECTIVES``,
   ``STEP_STAT_OBJECTIVES`` and ``step_statistics``.
 
@@ -66,6 +69,11 @@ from rlvr_jax.losses.aggregation import (
   masked_mean,
   masked_sum,
   merge_metrics,
+)
+from rlvr_jax.losses.auxiliary import (
+  implicit_prm_loss,
+  implicit_prm_score,
+  laser_self_reward_loss,
 )
 from rlvr_jax.losses.engine import CommonOptions
 from rlvr_jax.losses.recipes import (
@@ -154,6 +162,9 @@ __all__ = [
   "high_entropy_mask",
   "high_entropy_objective",
   "high_entropy_threshold",
+  "implicit_prm_loss",
+  "implicit_prm_score",
+  "laser_self_reward_loss",
   "is_token_local",
   "kl_cov_mask",
   "kl_cov_objective",

@@ -26,6 +26,7 @@ from typing import Any
 
 from rlvr_jax.rewards.code_reward import CodeReward
 from rlvr_jax.rewards.format_reward import FormatReward
+from rlvr_jax.rewards.label_free import CoReward, MajorityVoteReward
 from rlvr_jax.rewards.length import CosineReward, LaserReward, OverlongReward, RepetitionReward
 from rlvr_jax.rewards.math_reward import MathReward
 from rlvr_jax.rewards.tasks import ArithmeticReward, CountdownReward
@@ -40,6 +41,8 @@ REWARDS: dict[str, type] = {
   "laser": LaserReward,
   "repetition": RepetitionReward,
   "code": CodeReward,
+  "majority_vote": MajorityVoteReward,
+  "co_reward": CoReward,
 }
 
 LENGTH_DEFAULTS: dict[str, Callable[[int], dict[str, int]]] = {
