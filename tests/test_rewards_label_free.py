@@ -49,7 +49,12 @@ def test_majority_vote_rewards_and_monitor():
   true = np.array([1, 1, 0, 0, 0, 1, 1, 0])
   assert m["reward_accuracy"] == pytest.approx(np.mean((out.rewards > 0.5) == true))
   np.testing.assert_array_equal(out.info["true_correct"], true)
-  assert "correct" not in out.info  # labels never leak into reward-side filters
+  np.testing.assert_array_equal(out.info["correct"], true)  # for evaluation and monitoring
+  hidden = rewards.MajorityVoteReward(extract=("answer_tag",), report_correct=False).evaluate(
+    ["q"] * 8, completions, group_size=4, answer=["3"] * 4 + ["6"] * 4
+  )
+  assert "correct" not in hidden.info
+  np.testing.assert_array_equal(hidden.rewards, out.rewards)
 
 
 def test_majority_vote_without_answers_and_failed_items():
@@ -111,3 +116,19 @@ def test_selectable_by_name_and_combined():
   out = combined.evaluate(["q"] * 4, completions, group_size=4)
   assert out.metrics["vote/agreement_rate"] == 0.75
   np.testing.assert_allclose(out.info["vote/reward"], [1, 1, 0, 1])
+
+
+def test_config_refuses_zero_variance_mask_with_a_label_free_reward():
+  from rlvr_jax.train import config as config_lib  # noqa: PLC0415
+
+  c = config_lib.tiny_config("/tmp/unused")
+  c.reward.name = "majority_vote"
+  config_lib.validate(c)  # tiny_config keeps zero-variance groups
+  c.rl.zero_variance = "mask"
+  with pytest.raises(config_lib.ConfigError, match="rl.zero_variance.*leak labels"):
+    config_lib.validate(c)
+  c.reward.name = ""
+  c.reward.components.vote = config_lib.reward_config.reward_component(
+    "majority_vote", report_correct=False
+  )
+  config_lib.validate(c)

@@ -103,7 +103,7 @@ def _group_metrics(keys, labels, votes, gold_keys, rewards, group_size) -> dict[
   return metrics
 
 
-def _info(scores, keys, gold_keys, labels_per_row):
+def _info(scores, keys, gold_keys, labels_per_row, report_correct):
   info = {
     "pseudo_label": np.array(labels_per_row, dtype=object),
     "extracted_answer": np.array(keys, dtype=object),
@@ -116,6 +116,8 @@ def _info(scores, keys, gold_keys, labels_per_row):
       ],
       dtype=np.float32,
     )
+    if report_correct:
+      info["correct"] = info["true_correct"]
   return info
 
 
@@ -126,13 +128,19 @@ class MajorityVoteReward(protocol.ItemReward):
   Args:
     extract: answer extraction modes (``math_extract``; ``last_number`` allowed), in order.
     correct_value / wrong_value: the reward for agreeing / not agreeing (or having no answer).
-  Needs ``group_size`` (the trainer passes it). Reports ``correct`` only as ``true_correct`` in
-  info (when the data has answers) so pass-rate filters cannot read labels by accident.
+    report_correct: when the data has reference answers, also report the TRUE outcome as info
+      ``correct`` (always as ``true_correct``). The trainer reads ``correct`` for held-out
+      evaluation and the ``accuracy/mean`` metric, which is the point of a label-free run's
+      monitor; it also reads it for ``rl.zero_variance='mask'``/``'refill'``, which would leak
+      labels into training, so label-free runs use ``rl.zero_variance='keep'`` (the
+      experiments do, and ``config.validate`` refuses the combination).
+  Needs ``group_size`` (the trainer passes it). The reward itself never reads ``answer``.
   """
 
   extract: tuple[str, ...] = DEFAULT_EXTRACT
   correct_value: float = 1.0
   wrong_value: float = 0.0
+  report_correct: bool = True
   name: str = "majority_vote"
 
   def score_item(self, prompt: str, completion: str, **_: Any) -> dict:
@@ -155,7 +163,7 @@ class MajorityVoteReward(protocol.ItemReward):
           hit = label is not None and keys[b] == label
           rewards[b] = self.correct_value if hit else self.wrong_value
     metrics = _group_metrics(keys, labels, votes, gold_keys, rewards, group_size)
-    info = _info(scores, keys, gold_keys, per_row)
+    info = _info(scores, keys, gold_keys, per_row, self.report_correct)
     return protocol.RewardOutput(rewards=rewards, info=info, metrics=metrics)
 
 
@@ -172,6 +180,7 @@ class CoReward(protocol.ItemReward):
 
   Metrics: the collapse monitor of the module docstring plus ``cross_agreement``, the fraction
   of paired groups whose own majority equals their partner's (the two versions agree).
+  ``report_correct`` as in :class:`MajorityVoteReward`.
   """
 
   extract: tuple[str, ...] = DEFAULT_EXTRACT
@@ -179,6 +188,7 @@ class CoReward(protocol.ItemReward):
   correct_value: float = 1.0
   wrong_value: float = 0.0
   unpaired: str = "fail"
+  report_correct: bool = True
   name: str = "co_reward"
 
   def __post_init__(self):
@@ -232,5 +242,5 @@ class CoReward(protocol.ItemReward):
           rewards[b] = self.correct_value if hit else self.wrong_value
     metrics = _group_metrics(keys, labels, votes, gold_keys, rewards, group_size)
     metrics["cross_agreement"] = cross_hits / cross_n if cross_n else float("nan")
-    info = _info(scores, keys, gold_keys, per_row)
+    info = _info(scores, keys, gold_keys, per_row, self.report_correct)
     return protocol.RewardOutput(rewards=rewards, info=info, metrics=metrics, failures=failures)

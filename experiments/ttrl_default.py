@@ -1,0 +1,39 @@
+"""Label-free RL on the embedded default task: TTRL majority vote instead of the answer check.
+
+Purpose: the default task (experiments/default.py: a tiny char-level model warm-started by a
+teacher that forgets the carry in 70% of its demonstrations) trained with NO reference answers.
+Each prompt's 8 samples vote; a sample is rewarded 1 if its answer is the group's most frequent
+one (TTRL, arXiv 2504.16084; ``rewards.MajorityVoteReward``). The reference answers are used only
+for held-out evaluation and the ``accuracy/mean`` monitor (the reward reports the true outcome as
+``correct``), so ``rl.zero_variance`` must be ``keep`` (``mask`` would read labels).
+
+Command:
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
+    --config=experiments/ttrl_default.py
+
+Expected result: majority vote sharpens the warm-started policy toward its own most frequent
+answers. Held-out accuracy rises while the majority is more often right than a single sample
+(problems without a carry), then stops once the groups agree (``reward/agreement_rate`` near 1,
+``reward/answer_diversity`` near 1/G): on carry problems the majority is the teacher's wrong
+answer, which the reward then reinforces. docs/results.md records the run.
+"""
+
+import importlib.util
+import os
+
+
+def _default_config():
+  """experiments/default.py's config, loaded by path (experiments/ is not a package)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py")
+  spec = importlib.util.spec_from_file_location("_default_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def get_config():
+  c = _default_config()
+  c.workdir = "runs/ttrl_default"
+  c.reward.name = "majority_vote"
+  c.rl.zero_variance = "keep"
+  return c
