@@ -388,9 +388,16 @@ def merge_reward_metrics(reward_metrics: list[dict], *, exclude=()) -> dict:
   ``reward/<name>/mean`` and ``reward/<name>/failures``, ``reward/fail/<cause>``, times) over
   the generation rounds of one step: counts summed, the rest averaged over the rounds (all
   generated rows, so with ``zero_variance='refill'`` also the dropped groups). Keys in
-  ``exclude`` (the collector's own ``reward/mean`` over the kept groups, ...) are left out."""
+  ``exclude`` (the collector's own ``reward/mean`` over the kept groups, ...) are left out.
+  A reward's own metrics without the ``reward/`` prefix (a component's ``<name>/<key>``, the
+  label-free collapse monitor) are logged under ``reward/``."""
   out = {}
-  keys = {k for m in reward_metrics for k in m if k.startswith("reward/") and k not in exclude}
+  named = [
+    {(k if k.startswith("reward/") else f"reward/{k}"): v for k, v in m.items()}
+    for m in reward_metrics
+  ]
+  reward_metrics = named
+  keys = {k for m in reward_metrics for k in m if k not in exclude}
   for key in sorted(keys):
     vals = np.array([m[key] for m in reward_metrics if key in m], np.float64)
     if any(tag in key for tag in _SUMMED):
