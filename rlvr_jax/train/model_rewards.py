@@ -122,3 +122,12 @@ def make_model_reward_fn(
     return out
 
   return jax.jit(fn)
+
+
+def combine_rewards(host: np.ndarray, model: np.ndarray, cfg) -> np.ndarray:
+  """R = R_host + w R_model, or w R_model with ``replace`` (NaN host rows stay NaN unless replaced:
+  a failed host reward is not silently turned into a model-only reward)."""
+  model = np.asarray(model, np.float32) * np.float32(cfg.weight)
+  if cfg.replace:
+    return model
+  return np.asarray(host, np.float32) + model

@@ -90,3 +90,21 @@ def make_prm_step(
     return keep(new_prm, prm), keep(new_opt, opt_state), out
 
   return jax.jit(prm_step, donate_argnums=(0, 1))
+
+
+def prime_token_advantages(prm_logp, ref_logp, completion_mask, rewards, valid, cfg) -> jax.Array:
+  """[B, T] PRIME advantages of a rollout batch (``advantages.prime_advantages``) from the PRM and
+  reference log-probs [B, T], the verifier rewards [P, G] (NaN = failed) and ``config.prime``."""
+  from rlvr_jax import advantages  # noqa: PLC0415  (kept local: the module is trainer glue)
+
+  process = advantages.implicit_process_rewards(
+    jnp.asarray(prm_logp), jnp.asarray(ref_logp), jnp.asarray(completion_mask), beta=cfg.beta
+  )
+  return advantages.prime_advantages(
+    process,
+    jnp.asarray(rewards),
+    jnp.asarray(completion_mask),
+    valid=jnp.asarray(valid),
+    process_coef=cfg.process_coef,
+    outcome_coef=cfg.outcome_coef,
+  )
