@@ -9,13 +9,14 @@ match reward computed in reward worker processes) then learns from the reward al
 and held-out accuracy (problems never seen in training, split by content hash) rises.
 
 Command:
-  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \
-    --config=experiments/default.py
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main --config=default
 
-Expected result (2-core CPU, about 4-7 minutes in total): held-out greedy accuracy goes from about
-0.6 before RL to about 0.9 after 150 RL steps; pass@1 (temperature 1) rises similarly. The run
-prints both and writes runs/default/curves.png, metrics.jsonl, TensorBoard events, checkpoints.
-See docs/results.md for a recorded run.
+Expected result (2-core CPU, 1-4 minutes in total, depending on the load): held-out greedy
+accuracy 0.463 before RL -> 0.950 after 150 RL steps, pass@1 (temperature 1) 0.409 -> 0.885 on
+this machine (bit-identical on re-runs here; on another CPU expect roughly 0.45-0.6 -> 0.85-0.95,
+README "What is reproducible"). The run prints both and writes runs/default/summary.json,
+metrics.jsonl, curves.png, config.json, TensorBoard events and checkpoints. See docs/results.md
+for the recorded runs.
 """
 
 from rlvr_jax.train.config import base_config

@@ -19,8 +19,8 @@ try:  # optional
 except ImportError:  # pragma: no cover
   tensorboardX = None
 
-try:
-  import tqdm
+try:  # tqdm.auto: a widget bar in Jupyter (ipywidgets), a text bar in a terminal
+  from tqdm import auto as tqdm
 except ImportError:  # pragma: no cover
   tqdm = None
 
@@ -54,13 +54,27 @@ class MetricsWriter:
     tensorboard: also write TensorBoard event files (if tensorboardX is importable).
     resume_step: when resuming, records with ``step > resume_step`` left by the killed run are
       dropped so the file matches an uninterrupted run.
+    drop_eval_at: also drop the evaluation records (``eval/*`` keys) at this step (a final
+      evaluation that ran after the last checkpoint and will be redone).
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None):
+  def __init__(
+    self,
+    workdir: str,
+    *,
+    tensorboard: bool = True,
+    resume_step: int | None = None,
+    drop_eval_at: int | None = None,
+  ):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     if resume_step is not None and os.path.exists(self.path):
-      kept = [r for r in read_jsonl(self.path) if r["step"] <= resume_step]
+      is_eval = lambda r: any(k.startswith("eval/") for k in r)
+      kept = [
+        r
+        for r in read_jsonl(self.path)
+        if r["step"] <= resume_step and not (r["step"] == drop_eval_at and is_eval(r))
+      ]
       with open(self.path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
     elif resume_step is None and os.path.exists(self.path):
@@ -105,12 +119,33 @@ def reward_component_fields(metrics: dict) -> list[str]:
 
 
 class ProgressBar:
-  """A tqdm bar over RL steps whose postfix shows reward, accuracy, length, entropy, times."""
+  """A tqdm bar over RL steps whose postfix shows reward, accuracy, length, entropy, times.
 
-  def __init__(self, total: int, initial: int = 0, *, enabled: bool = True):
+  The rate (and so the ETA) is the plain average over the steps since ``restart_clock`` (the
+  trainer calls it after the first, compiling step; no exponential smoothing, which would keep
+  the compile time in the estimate for many steps)."""
+
+  def __init__(self, total: int, initial: int = 0, *, enabled: bool = True, file=None):
     self._bar = None
     if enabled and tqdm is not None:
-      self._bar = tqdm.tqdm(total=total, initial=initial, dynamic_ncols=True, desc="rl")
+      self._bar = tqdm.tqdm(
+        total=total, initial=initial, dynamic_ncols=True, desc="rl", smoothing=0, file=file
+      )
+
+  def restart_clock(self) -> None:
+    """Rate and ETA from now on count only the steps after this call."""
+    if self._bar is None:
+      return
+    self._bar.start_t = self._bar.last_print_t = self._bar._time()
+    self._bar.initial = self._bar.n
+
+  def rate(self) -> float | None:
+    """Steps per second since the start (or ``restart_clock``); None before any step."""
+    if self._bar is None:
+      return None
+    d = self._bar.format_dict
+    done = d["n"] - d["initial"]
+    return done / d["elapsed"] if done > 0 and d["elapsed"] > 0 else None
 
   def update(self, metrics: dict) -> None:
     if self._bar is None:

@@ -9,23 +9,29 @@ import numpy as np
 import pytest
 
 from rlvr_jax import rewards
-from rlvr_jax.rewards.code_sandbox import SandboxLimits, run_python, sandbox_capabilities
+from rlvr_jax.rewards import code_sandbox
+from rlvr_jax.rewards.code_sandbox import SandboxLimits, sandbox_capabilities
 
 CAPS = sandbox_capabilities()
+WEAK = not CAPS["strong"]  # hosts without namespaces (not root): the tests accept the weak sandbox
 FAST = SandboxLimits(timeout_s=2.0, cpu_s=2)
 
 
-def _processes_in(directory: str) -> list[int]:
-  """Pids whose working directory is ``directory`` (also once it is deleted)."""
+def run_python(*args, **kwargs):
+  return code_sandbox.run_python(*args, allow_weak_sandbox=WEAK, **kwargs)
+
+
+def _processes_of_uid(uid: int) -> list[int]:
+  """Host pids running as ``uid`` (real uid)."""
   pids = []
   for entry in os.listdir("/proc"):
-    if entry.isdigit():
-      try:
-        cwd = os.readlink(f"/proc/{entry}/cwd")
-      except OSError:
-        continue
-      if cwd == directory or cwd.startswith(directory + " "):
-        pids.append(int(entry))
+    try:
+      with open(f"/proc/{entry}/status") as f:
+        line = next(x for x in f if x.startswith("Uid:"))
+    except (OSError, StopIteration):
+      continue
+    if int(line.split()[1]) == uid:
+      pids.append(int(entry))
   return pids
 
 
@@ -57,17 +63,15 @@ def test_output_is_capped():
 
 def test_fork_bomb_is_bounded_and_cleaned_up():
   bomb = (
-    "import os\nprint(os.getcwd(), flush=True)\n"
+    "import os\nprint(os.getuid(), flush=True)\n"
     "while True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n"
   )
   start = time.monotonic()
   result = run_python(bomb, limits=SandboxLimits(timeout_s=1.5, max_processes=16))
   assert result.status == "timeout" and time.monotonic() - start < 4.0
-  workdir = result.stdout.splitlines()[0]
-  deadline = time.monotonic() + 3.0
-  while _processes_in(workdir) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  assert _processes_in(workdir) == []  # every descendant was killed
+  uid = int(result.stdout.splitlines()[0])
+  assert uid != os.getuid() or WEAK
+  assert _processes_of_uid(uid) == [] or uid == os.getuid()  # every descendant was killed
 
 
 def test_file_size_limit():
@@ -76,7 +80,7 @@ def test_file_size_limit():
   assert result.status == "error" and "File too large" in result.stderr
 
 
-@pytest.mark.skipif(not CAPS["drop_user"], reason="needs root to run programs as nobody")
+@pytest.mark.skipif(not CAPS["fresh_uid"], reason="needs root to run programs as another uid")
 def test_cannot_read_owner_only_files(tmp_path):
   secret = tmp_path / "secret.txt"
   secret.write_text("TOKEN-123")
@@ -85,16 +89,15 @@ def test_cannot_read_owner_only_files(tmp_path):
   assert "TOKEN-123" not in result.stdout and result.status == "error"
 
 
-@pytest.mark.skipif(not CAPS["mount_namespace"], reason="needs a mount namespace")
+@pytest.mark.skipif(not CAPS["private_root"], reason="needs a mount namespace")
 def test_trainer_directory_is_hidden():
-  # .../<project>/rlvr_jax/rewards/__init__.py -> <project>, hidden by default.
+  # .../<project>/rlvr_jax/rewards/__init__.py -> <project>: not in the sandbox's file tree.
   project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(rewards.__file__))))
   readme = os.path.join(project, "pyproject.toml")
   assert os.path.exists(readme)
   code = f"import os\nprint(os.listdir({project!r}))\nprint(open({readme!r}).read())\n"
   result = run_python(code, limits=FAST)
-  assert result.stdout.startswith("[]") and "FileNotFoundError" in result.stderr
-  assert "rlvr_jax" not in result.stdout
+  assert result.stdout == "" and "FileNotFoundError" in result.stderr
 
 
 def test_working_directory_and_environment_are_fresh():
@@ -107,7 +110,7 @@ def test_working_directory_and_environment_are_fresh():
   assert result.stdout.split("\n")[:2] == ["['solution.py']", "False"]
 
 
-@pytest.mark.skipif(not CAPS["net_namespace"], reason="needs a network namespace")
+@pytest.mark.skipif(not CAPS["namespaces"], reason="needs a network namespace")
 def test_no_network():
   server = socket.socket()
   server.bind(("127.0.0.1", 0))
@@ -135,7 +138,7 @@ def test_program_cannot_fake_results_by_exiting_early():
 
 
 def test_code_reward_partial_credit_stdio_and_asserts():
-  reward = rewards.CodeReward(limits=FAST)
+  reward = rewards.CodeReward(limits=FAST, allow_weak_sandbox=WEAK)
   stdio_tests = [{"input": f"{i}\n", "output": f"{2 * i}\n"} for i in range(4)]
   assert_tests = ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(2, 2) == 5"]
   completions = [
@@ -162,7 +165,7 @@ def test_code_reward_verpo_in_runtime_with_adversarial_programs():
     "import ctypes\nctypes.string_at(0)\n",  # segfault inside the sandbox: 0 passed, no failure
     "block = bytearray(10 * 2**30)\n",  # MemoryError inside the sandbox
   ]
-  reward = rewards.CodeReward(limits=FAST, weighting="verpo")
+  reward = rewards.CodeReward(limits=FAST, weighting="verpo", allow_weak_sandbox=WEAK)
   with rewards.RewardRuntime(num_workers=2, timeout_s=8.0) as runtime:
     result = runtime.run(reward, ["q"] * 4, completions, tests=[tests] * 4, group_size=4)
     assert not result.failures
@@ -170,7 +173,8 @@ def test_code_reward_verpo_in_runtime_with_adversarial_programs():
     w = np.array([0.501, 0.751, 0.751]) / 2.003
     expected = [1 + 0.5 * w.sum(), 0.5 * w[0], 0.0, 0.0]
     np.testing.assert_allclose(result.rewards, expected, atol=1e-6)
-    again = runtime.run(rewards.CodeReward(limits=FAST), ["q"], completions[:1], tests=[tests])
+    plain = rewards.CodeReward(limits=FAST, allow_weak_sandbox=WEAK)
+    again = runtime.run(plain, ["q"], completions[:1], tests=[tests])
     np.testing.assert_array_equal(again.rewards, [1.0])
 
 
@@ -189,7 +193,8 @@ def test_adversarial_programs_through_the_pool_then_pool_still_works(tmp_path):
     "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)\ndef ok():\n  return 1\n",
     "def ok():\n  return 1\n",
   ]
-  reward = rewards.CodeReward(limits=SandboxLimits(timeout_s=2.0, cpu_s=2), per_test_s=1.0)
+  limits = SandboxLimits(timeout_s=2.0, cpu_s=2)
+  reward = rewards.CodeReward(limits=limits, per_test_s=1.0, allow_weak_sandbox=WEAK)
   start = time.monotonic()
   with rewards.RewardRuntime(num_workers=2, timeout_s=6.0) as runtime:
     result = runtime.run(reward, ["q"] * 8, programs, tests=[tests] * 8)
@@ -198,9 +203,9 @@ def test_adversarial_programs_through_the_pool_then_pool_still_works(tmp_path):
     again = runtime.run(reward, ["q"], programs[-1:], tests=[tests])
   np.testing.assert_array_equal(again.rewards, [1.0])
   np.testing.assert_array_equal(result.rewards[[0, 1, 2, 3, 4, 7]], [0, 0, 0, 0, 0, 1])
-  if CAPS["drop_user"]:
+  if CAPS["fresh_uid"]:
     assert result.rewards[5] == 0  # the owner-only file was unreadable
-  if CAPS["net_namespace"]:
+  if CAPS["namespaces"]:
     assert result.rewards[6] == 0  # no network
 
 
@@ -218,4 +223,76 @@ def test_harness_state_is_not_reachable_through_main_module():
   )
   result = run_python(code, tests=["assert f() == 1"], limits=FAST)
   assert result.stdout.strip() == "['os']"  # the program's own module, nothing else
-  assert result.test_passed == (False,)  # forged verdict lines lack the nonce
+  assert result.test_passed == (False,)  # garbage on inherited descriptors decides nothing
+
+
+@pytest.mark.skipif(not CAPS["fresh_uid"], reason="the weak path kills leftovers by uid (root)")
+def test_weak_sandbox_path_still_decides_outside_and_kills_leftovers(monkeypatch):
+  # Hosts without namespaces: same harness minus namespaces and private root, once accepted.
+  weak = {**CAPS, "namespaces": False, "private_root": False, "missing": ("namespaces",)}
+  monkeypatch.setattr(code_sandbox, "sandbox_capabilities", lambda: {**weak, "strong": False})
+  with pytest.raises(code_sandbox.WeakSandboxError):
+    code_sandbox.run_python("print(1)")
+  program = (
+    "import os, time\nprint(os.getuid(), flush=True)\n"
+    "if os.fork() == 0:\n  os.setsid()\n  time.sleep(30)\n"
+    "class Any:\n  def __eq__(self, other):\n    return True\n"
+    "def f(x):\n  return Any() if x else 0\n"
+  )
+  result = code_sandbox.run_python(
+    program, tests=["assert f(1) == 2", "assert f(0) == 0"], allow_weak_sandbox=True, limits=FAST
+  )
+  assert result.test_passed == (False, True)
+  uid = int(result.stdout.split()[0])
+  deadline = time.monotonic() + 2
+  while time.monotonic() < deadline and _live_processes_of_uid(uid):
+    time.sleep(0.05)
+  assert _live_processes_of_uid(uid) == []
+
+
+def _live_processes_of_uid(uid: int) -> list[int]:
+  """Like _processes_of_uid, without zombies (killed, waiting to be reaped by init)."""
+  live = []
+  for pid in _processes_of_uid(uid):
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+          live.append(pid)
+    except OSError:
+      continue
+  return live
+
+
+@pytest.mark.skipif(not CAPS["strong"], reason="needs the strong sandbox to degrade from")
+def test_capabilities_name_the_missing_protection(monkeypatch):
+  # A host whose cgroups cannot be written: the probe still finds the namespaces and says which
+  # protection is missing, and code rewards refuse to run until it is accepted.
+  monkeypatch.setattr(code_sandbox, "_cgroup_bases", lambda: ("v1", ["/nonexistent/rlvr"]))
+  code_sandbox.sandbox_capabilities.cache_clear()
+  try:
+    caps = code_sandbox.sandbox_capabilities()
+    assert caps["namespaces"] and caps["private_root"] and caps["missing"] == ("cgroup",)
+    assert "cgroup" in caps["reason"]
+    with pytest.raises(code_sandbox.WeakSandboxError, match="cgroup"):
+      rewards.CodeReward()
+  finally:
+    code_sandbox.sandbox_capabilities.cache_clear()
+
+
+def test_verdict_plan_splits_tests_and_rejects_what_it_cannot_check():
+  from rlvr_jax.rewards import code_verdict
+
+  plan = code_verdict.compile_tests(
+    ["assert f(2) == 4", "assert abs(g(1.5) - 2.25) < 1e-9\nassert not h(0)", "assert s().strip()"]
+  )
+  assert plan.probes == [["f(2)"], ["g(1.5)", "h(0)"], ["s()"]]  # no expected value inside
+  with pytest.raises(ValueError, match=r"test 1 .*GeneratorExp"):
+    code_verdict.compile_tests(["assert f(1) == 1", "assert all(f(i) == i for i in range(3))"])
+  with pytest.raises(ValueError, match=r"test 0 .*only `assert"):
+    code_verdict.compile_tests(["x = f(1)"])
+  raw = b'[0, 0, ["i", "0x4"]]\n[0, 0, ["i", "0x5"]]\nnot json\n[1, 0, ["f", "2.25"]]\n'
+  values = code_verdict.parse_values(
+    raw + b'[1, 1, ["E", "ValueError"]]\n[2, 0, ["s", " a "]]\n', [1, 2, 1]
+  )
+  assert values[0] == [4] and values[2] == [" a "]  # the first line per probe counts
+  assert code_verdict.decide(plan, values) == [True, False, True]  # h(0) raised: test 1 fails

@@ -11,7 +11,7 @@ from rlvr_jax import rewards
 from rlvr_jax.metrics import read_jsonl, reward_component_fields
 from rlvr_jax.rewards import registry
 from rlvr_jax.rewards.runtime import RewardRuntime
-from rlvr_jax.train import build
+from rlvr_jax.train import build, reward_config
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train.config import ConfigError
 from rlvr_jax.train.loop import train
@@ -81,6 +81,10 @@ LIBRARY_KWARGS = {"code": {"limits": {"timeout_s": 3.0}}, "format": {"template":
 @pytest.mark.parametrize("name", sorted(registry.REWARDS))
 def test_every_library_reward_is_selectable_by_name(name):
   c = _components(r=reward_component(name, **LIBRARY_KWARGS.get(name, {})))
+  if name in reward_config.SOURCE_REWARDS.values():  # verifiers that go with their data source
+    with pytest.raises(config_lib.ConfigError, match="scores the records of data.source"):
+      config_lib.validate(c)
+    c.data.source = name
   config_lib.validate(c)
   combined = build.build_reward(c)
   reward = combined.rewards["r"]
@@ -174,7 +178,7 @@ CONFIG_ERRORS = [
   (
     _set("reward.components.a.name", "arithmatic"),
     r"components\.a\.name: 'arithmatic' is not a library reward; did you mean 'arithmetic'\?"
-    r" Valid names: arithmetic, code, cosine, countdown, format, laser, math, overlong",
+    r" Valid names: arithmetic, code, cosine, countdown, format, humaneval, laser, math, overlong",
   ),
   (_set("reward.components.a.fn", "x:y"), r"components\.a: set exactly one of name .* or fn"),
   (

@@ -1,5 +1,6 @@
 """Exact resume: N steps uninterrupted == N/2 steps, kill (mid-save), resume, N/2 steps."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 from rlvr_jax.metrics import read_jsonl
 from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import rundir
 from rlvr_jax.train.loop import Trainer
 
 N = 4
@@ -101,3 +103,94 @@ def test_sigkill_during_run_then_resume_matches(tmp_path):
   resumed = _comparable(read_jsonl(str(work / "metrics.jsonl")))
   assert full == resumed
   assert [r["step"] for r in full] == [0, *range(1, n + 1), n]
+
+
+def _files(workdir):
+  return {n: (workdir / n).read_bytes() for n in ("summary.json", "metrics.jsonl", "config.json")}
+
+
+def test_finished_run_is_left_untouched_and_extending_it_matches_a_longer_run(tmp_path):
+  """Re-running a finished run changes no byte of its results; a changed experiment is refused;
+  raising rl.num_steps continues the run from its last checkpoint exactly like an uninterrupted
+  run of the new length; checkpoint.resume=False starts over in place."""
+  work = tmp_path / "run"
+  _run(_config(work))
+  before = _files(work)
+  assert json.loads(before["summary.json"])["complete"] is True
+
+  logs = []
+  trainer = Trainer(_config(work), log=logs.append)
+  try:
+    summary = trainer.run()
+  finally:
+    trainer.close()
+  assert _files(work) == before  # summary.json, metrics.jsonl (and config.json) byte-identical
+  assert summary == json.loads(before["summary.json"])
+  assert any(s.startswith("run complete (4 RL steps)") and "summary.json" in s for s in logs)
+
+  changed = config_lib.apply_overrides(
+    _config(work), dict(objective=dict(name="grpo"), sampling=dict(temperature=0.7))
+  )
+  with pytest.raises(config_lib.ConfigError) as e:
+    Trainer(changed, log=lambda s: None)
+  msg = str(e.value)
+  assert msg.startswith("config.objective.name: ") and str(work) in msg
+  assert "objective.name: 'dapo' -> 'grpo'" in msg and "sampling.temperature: 1.0 -> 0.7" in msg
+  assert "--config.workdir=<new dir>" in msg and "--config.checkpoint.resume=False" in msg
+  assert _files(work) == before
+
+  longer = dict(rl=dict(num_steps=N + 2), eval=dict(every=3), logging=dict(tensorboard=True))
+  ext_params, _ = _run(config_lib.apply_overrides(_config(work), longer))
+  full_params, _ = _run(config_lib.apply_overrides(_config(tmp_path / "full"), longer))
+  for a, b in zip(jax.tree.leaves(full_params), jax.tree.leaves(ext_params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  full = _comparable(read_jsonl(str(tmp_path / "full" / "metrics.jsonl")))
+  extended = _comparable(read_jsonl(str(work / "metrics.jsonl")))
+  # The extended run keeps the old run's final evaluation at step N as history; the
+  # uninterrupted run evaluated at step 3 (eval.every, changed on resume) instead.
+  is_eval = lambda r: "eval/accuracy" in r
+  assert [r for r in extended if not is_eval(r)] == [r for r in full if not is_eval(r)]
+  assert [r["step"] for r in extended if is_eval(r)] == [0, N, N + 2]
+  assert [r["step"] for r in full if is_eval(r)] == [0, 3, N + 2]
+  assert extended[-1] == full[-1]  # the same final evaluation
+  assert json.loads((work / "summary.json").read_text())["steps"] == N + 2
+
+  changed.checkpoint.resume = False
+  logs = []
+  Trainer(changed, log=logs.append).close()
+  assert any("starting over" in s for s in logs) and not os.listdir(work / "checkpoints")
+
+
+def test_two_runs_of_the_same_config_are_bit_identical(tmp_path):
+  """The reproducibility the README promises on one machine: same config, same numbers."""
+  _run(_config(tmp_path / "a"))
+  _run(_config(tmp_path / "b"))
+  a = _comparable(read_jsonl(str(tmp_path / "a" / "metrics.jsonl")))
+  b = _comparable(read_jsonl(str(tmp_path / "b" / "metrics.jsonl")))
+  assert a == b and len(a) == N + 2
+  assert any(r.get("update_norm", 0.0) > 0 for r in a)  # it trained
+
+
+def test_extending_a_decaying_schedule_is_refused(tmp_path):
+  """cosine / linear schedules last rl.num_steps: a longer run would change every step's rate."""
+  c = config_lib.tiny_config(tmp_path, optim=dict(schedule="cosine"))
+  (tmp_path / "config.json").write_text(c.to_json_best_effort())
+  c.rl.num_steps = 5
+  with pytest.raises(config_lib.ConfigError, match="2 -> 5 changes the length of the 'cosine'"):
+    rundir.check_resume(c, latest_step=2)
+  with pytest.raises(config_lib.ConfigError, match="already has 7 steps, more than"):
+    rundir.check_resume(c, latest_step=7)
+  c.optim.schedule = "constant"
+  with pytest.raises(config_lib.ConfigError, match="optim.schedule: 'cosine' -> 'constant'"):
+    rundir.check_resume(c, latest_step=2)
+
+
+def test_fields_added_or_removed_by_the_code_do_not_count_as_changes():
+  current = rundir.resolved(config_lib.base_config())
+  saved = {k: v for k, v in current.items() if k != "sampling.phase_steps"}  # added later
+  saved["rl.old_removed_option"] = 3  # since removed from the code
+  assert rundir.differences(saved, current) == []
+  current["sampling.phase_steps"] = 0  # a new field away from its default is a change
+  assert rundir.differences(saved, current) == [("sampling.phase_steps", 32, 0)]
+  current["rl.num_steps"], current["logging.plot"] = 999, False  # length and logging are not
+  assert [f for f, *_ in rundir.differences(saved, current)] == ["sampling.phase_steps"]

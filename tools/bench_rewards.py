@@ -94,7 +94,7 @@ def main() -> None:
     f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()}-core "
     f"{platform.machine()} CPU, python {platform.python_version()}"
   )
-  print(f"# sandbox: { {k: v for k, v in caps.items() if k != 'unshare_prefix'} }")
+  print(f"# sandbox: strong={caps['strong']}, missing protections {list(caps['missing'])}")
   print("| workload | workers | rewards/s | accuracy / pass rate | failures |")
   print("|---|---|---|---|---|")
   for workers in args.workers:
@@ -108,7 +108,11 @@ def main() -> None:
         flush=True,
       )
       rate, metrics = bench(
-        runtime, rewards.CodeReward(limits=limits), code_completions, code_fields, 1
+        runtime,
+        rewards.CodeReward(limits=limits, allow_weak_sandbox=not caps["strong"]),
+        code_completions,
+        code_fields,
+        1,
       )
       print(
         f"| {args.num_programs} programs x 5 tests ({args.code_format}) | {workers} | "

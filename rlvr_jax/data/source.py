@@ -99,10 +99,22 @@ def shard_span(n: int, index: int, count: int) -> tuple[int, int]:
 def build_sources(data_cfg) -> tuple[PromptSource, list[dict]]:
   """(train stream, held-out records) from the ``config.data`` block.
 
-  ``data.source`` is "task" (built-in procedural task) or "files" (``data.path`` with
+  ``data.source`` is "task" (built-in procedural task), "files" (``data.path`` with
   ``data.prompt_template`` and ``data.answer_field``; held-out rows from ``data.eval_path``, or a
-  content-hash split of ``data.path`` with ``data.task.heldout_fraction``).
+  content-hash split of ``data.path`` with ``data.task.heldout_fraction``), "reasoning_gym"
+  (``data.reasoning_gym``: reasoning-gym tasks, see ``reasoning_gym_source``) or "humaneval"
+  (``data.humaneval``: the HumanEval problems, see ``humaneval``).
   """
+  if data_cfg.source in ("reasoning_gym", "humaneval"):
+    if data_cfg.source == "reasoning_gym":
+      from rlvr_jax.data import reasoning_gym_source
+
+      records, heldout = reasoning_gym_source.build_records(data_cfg)
+    else:
+      from rlvr_jax.data import humaneval
+
+      records, heldout = humaneval.build_sources(data_cfg)
+    return PromptSource(records=records, seed=data_cfg.seed), heldout[: data_cfg.num_eval]
   if data_cfg.source == "task":
     spec = task_spec(data_cfg)
     train = PromptSource(task=spec, seed=data_cfg.seed, split="train")

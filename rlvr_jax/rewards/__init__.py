@@ -21,6 +21,7 @@ from rlvr_jax.rewards.code_sandbox import (
 from rlvr_jax.rewards.combine import CombinedReward
 from rlvr_jax.rewards.format_reward import FormatReward, format_ok
 from rlvr_jax.rewards.label_free import CoReward, MajorityVoteReward, answer_key, majority
+from rlvr_jax.rewards.humaneval_reward import HumanEvalReward
 from rlvr_jax.rewards.length import (
   CosineReward,
   LaserReward,
@@ -50,6 +51,7 @@ from rlvr_jax.rewards.protocol import (
   as_item_reward,
   pad_token_rewards,
 )
+from rlvr_jax.rewards.reasoning_gym_reward import ReasoningGymReward
 from rlvr_jax.rewards.registry import REWARDS, build_library_reward, import_reward
 from rlvr_jax.rewards.runtime import RewardFailure, RewardResult, RewardRuntime
 from rlvr_jax.rewards.tasks import (
@@ -68,6 +70,7 @@ __all__ = [
   "CountdownReward",
   "FormatReward",
   "FunctionReward",
+  "HumanEvalReward",
   "ItemReward",
   "ItemTimeout",
   "LaserReward",
@@ -75,6 +78,7 @@ __all__ = [
   "MathReward",
   "OverlongReward",
   "RepetitionReward",
+  "ReasoningGymReward",
   "RewardFailure",
   "RewardFn",
   "RewardOutput",

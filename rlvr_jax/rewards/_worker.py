@@ -15,7 +15,9 @@ Messages out: ("ready",) once after init; ("loaded",) | ("loadfail", message) pe
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing.connection
+import os
 import pickle
 import resource
 import signal
@@ -56,6 +58,45 @@ def _check_score(fn: Any, score: Any) -> Any:
   return score
 
 
+# --- item budget and warm-up (see RewardRuntime: the budget is its per-item timeout) -------------
+
+BUDGET_ENV = "RLVR_REWARD_ITEM_BUDGET_S"
+BUDGET_MARGIN_S = 0.5  # our clock and the parent's start at different times; replies take time
+_item_deadline: float | None = None
+
+
+def _start_item_clock() -> None:
+  """Starts the current item's budget (the runtime's per-item timeout minus a margin)."""
+  global _item_deadline
+  budget = os.environ.get(BUDGET_ENV)
+  if budget:
+    budget_s = float(budget)
+    _item_deadline = time.monotonic() + budget_s - min(BUDGET_MARGIN_S, 0.2 * budget_s)
+
+
+def item_seconds_left() -> float | None:
+  """Seconds left before the runtime would kill this worker for the current item (None outside a
+  worker). Long-running rewards (the code sandbox) cut their own limits to this."""
+  return None if _item_deadline is None else _item_deadline - time.monotonic()
+
+
+def warm_up(fn: Any, _depth: int = 0) -> None:
+  """Calls ``warmup()`` on the reward and on rewards nested in its fields (``CombinedReward``), so
+  heavy imports happen before the first item's clock starts, not inside its budget."""
+  if _depth > 4:
+    return
+  hook = getattr(fn, "warmup", None)
+  if callable(hook):
+    hook()
+  nested = []
+  if dataclasses.is_dataclass(fn) and not isinstance(fn, type):
+    nested = [getattr(fn, f.name) for f in dataclasses.fields(fn)]
+  for value in nested:
+    for item in value.values() if isinstance(value, dict) else [value]:
+      if hasattr(item, "score_item") or hasattr(item, "warmup"):
+        warm_up(item, _depth + 1)
+
+
 def _serve(conn) -> None:
   cached_job, fn = None, None
   while True:
@@ -69,12 +110,14 @@ def _serve(conn) -> None:
     if cached_job != job_id:
       try:
         fn = pickle.loads(fn_bytes)
+        warm_up(fn)
       except BaseException as e:  # noqa: BLE001  (a configuration error: the whole job fails)
         conn.send(("loadfail", describe(e)))
         continue
       cached_job = job_id
     conn.send(("loaded",))
     for index, payload in units:
+      _start_item_clock()
       start = time.perf_counter()
       try:
         conn.send(("ok", index, run_unit(fn, payload), time.perf_counter() - start))

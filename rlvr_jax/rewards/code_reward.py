@@ -1,7 +1,8 @@
 """Code execution reward with partial credit over unit tests (METHODS.md §5.10).
 
-Per-row field ``tests``: either a list of Python snippets (``"assert add(1, 2) == 3"``, run after
-the program in one sandbox process) or a list of ``{"input": str, "output": str}`` dicts (the
+Per-row field ``tests``: either a list of ``assert`` snippets (``"assert add(1, 2) == 3"``: the
+program runs once in one sandbox process, which returns the values of the program-dependent parts,
+``add(1, 2)``; the asserts are decided outside the sandbox, see ``code_verdict``) or a list of ``{"input": str, "output": str}`` dicts (the
 program runs once per test on that stdin, its stdout compared after stripping trailing
 whitespace). Optional per-row field ``test_weights`` (one non-negative weight per test).
 
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.rewards import protocol
-from rlvr_jax.rewards.code_sandbox import SandboxLimits, run_python
+from rlvr_jax.rewards.code_sandbox import SandboxLimits, check_sandbox, run_python
 from rlvr_jax.rewards.math_reward import _as_text
 
 _FENCE_RE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -41,17 +42,27 @@ def _same_output(actual: str, expected: str) -> bool:
   return norm(actual) == norm(expected)
 
 
-def run_tests(code: str, tests: list, *, limits: SandboxLimits, per_test_s: float) -> list[bool]:
+def run_tests(
+  code: str,
+  tests: list,
+  *,
+  limits: SandboxLimits,
+  per_test_s: float,
+  allow_weak_sandbox: bool = False,
+) -> list[bool]:
   """One pass/fail verdict per test (see module docstring for the two test formats)."""
   if not tests:
     raise ValueError("a code problem needs at least one test")
+  weak = {"allow_weak_sandbox": allow_weak_sandbox}
   if all(isinstance(t, str) for t in tests):
-    result = run_python(code, tests=list(tests), per_test_s=per_test_s, limits=limits)
+    result = run_python(code, tests=list(tests), per_test_s=per_test_s, limits=limits, **weak)
     return list(result.test_passed)
   if all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
     verdicts = []
     for test in tests:
-      result = run_python(code, stdin=str(test["input"]), limits=limits)
+      # Inside a reward worker each run is cut to what is left of the item's budget, so a slow
+      # program fails its remaining tests instead of getting the whole item killed.
+      result = run_python(code, stdin=str(test["input"]), limits=limits, **weak)
       verdicts.append(result.status == "ok" and _same_output(result.stdout, str(test["output"])))
     return verdicts
   raise ValueError("tests must be all assert snippets (str) or all {'input', 'output'} dicts")
@@ -81,26 +92,43 @@ def verpo_rewards(
 
 @dataclasses.dataclass(frozen=True)
 class CodeReward(protocol.ItemReward):
-  """Partial-credit code reward. Per-item worst-case time is about
-  ``len(tests) * limits.timeout_s`` (stdio tests) or ``limits.timeout_s`` (assert tests): give the
-  runtime a ``timeout_s`` above that."""
+  """Partial-credit code reward.
+
+  Per-item time is at most ``len(tests) * limits.timeout_s`` (stdio tests) or ``limits.timeout_s``
+  (assert tests), and never more than the runtime's item ``timeout_s``: inside a reward worker
+  the sandbox's limits are cut to what is left of the item's budget (tests that do not fit fail).
+  ``allow_weak_sandbox``: run code even where ``sandbox_capabilities()`` reports missing
+  protections (a warning is logged); by default such a host raises ``WeakSandboxError``.
+  """
 
   limits: SandboxLimits = SandboxLimits()
   per_test_s: float = 2.0
   weighting: str = "equal"
   lam: float = 0.5
   eps_w: float = 1e-3
+  allow_weak_sandbox: bool = False
   name: str = "code"
 
   def __post_init__(self):
     if self.weighting not in ("equal", "verpo"):
       raise ValueError(f"weighting must be 'equal' or 'verpo', got {self.weighting!r}")
+    check_sandbox(self.allow_weak_sandbox)  # fail at construction, not on every item
+
+  def warmup(self) -> None:
+    """Probes the sandbox (one sandboxed process) before the worker's first item."""
+    check_sandbox(self.allow_weak_sandbox)
 
   def score_item(self, prompt: str, completion: str, *, tests=None, **_: Any) -> dict:
     if tests is None:
       raise ValueError("CodeReward needs the example field tests= (a list of tests per row)")
     code = extract_code(_as_text(completion))
-    passed = run_tests(code, list(tests), limits=self.limits, per_test_s=self.per_test_s)
+    passed = run_tests(
+      code,
+      list(tests),
+      limits=self.limits,
+      per_test_s=self.per_test_s,
+      allow_weak_sandbox=self.allow_weak_sandbox,
+    )
     return {"passed": [float(p) for p in passed]}
 
   def combine(self, scores, **fields: Any) -> protocol.RewardOutput:

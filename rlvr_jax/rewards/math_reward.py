@@ -403,6 +403,16 @@ def math_equal(
   return equal(preds[0], golds[0])
 
 
+_WARMUP_PAIRS = (
+  ("\\frac{1}{2}", "0.5"),
+  ("(x+1)^2", "x^2+2x+1"),
+  ("\\sqrt{8}", "2\\sqrt{2}"),
+  ("[1,2)", "[1, 2)"),
+  ("\\{1, 2\\}", "\\{2, 1\\}"),
+  ("x = 3", "3"),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class MathReward(protocol.ItemReward):
   """Math answer correctness. Needs the example field ``answer`` (per row).
@@ -430,6 +440,14 @@ class MathReward(protocol.ItemReward):
 
   def __post_init__(self):
     check_modes(self.extract, self.fallback)
+
+  def warmup(self) -> None:
+    """Imports math-verify and runs one check of each kind (1-2 s cold: sympy's simplification,
+    radicals, sets and intervals load lazily), called by reward workers before their first item
+    so that none of it counts against an item's timeout."""
+    if self.use_math_verify:
+      for pred, gold in _WARMUP_PAIRS:
+        _math_verify_equal(pred, gold, None)
 
   def score_item(self, prompt: str, completion: str, *, answer: Any = None, **_: Any) -> dict:
     if answer is None:

@@ -1,8 +1,7 @@
 """Library rewards by name, and user rewards by import path: the one place names are resolved.
 
 ``REWARDS`` maps the name used in a config (``reward.name``, ``reward.components.<key>.name``) to
-its class. To make a new library reward selectable from the config, add it here (for instance a
-``reasoning_gym`` reward class: ``"reasoning_gym": ReasoningGymReward``).
+its class. To make a new library reward selectable from the config, add it here.
 
 ``LENGTH_DEFAULTS`` gives the keyword defaults that length rewards take from the sampling budget
 ``L = sampling.max_new_tokens`` (tokens) when the config does not set them: the classes' own
@@ -27,8 +26,10 @@ from typing import Any
 from rlvr_jax.rewards.code_reward import CodeReward
 from rlvr_jax.rewards.format_reward import FormatReward
 from rlvr_jax.rewards.label_free import CoReward, MajorityVoteReward
+from rlvr_jax.rewards.humaneval_reward import HumanEvalReward
 from rlvr_jax.rewards.length import CosineReward, LaserReward, OverlongReward, RepetitionReward
 from rlvr_jax.rewards.math_reward import MathReward
+from rlvr_jax.rewards.reasoning_gym_reward import ReasoningGymReward
 from rlvr_jax.rewards.tasks import ArithmeticReward, CountdownReward
 
 REWARDS: dict[str, type] = {
@@ -43,6 +44,8 @@ REWARDS: dict[str, type] = {
   "code": CodeReward,
   "majority_vote": MajorityVoteReward,
   "co_reward": CoReward,
+  "reasoning_gym": ReasoningGymReward,  # data.source="reasoning_gym" records (their score_answer)
+  "humaneval": HumanEvalReward,  # data.source="humaneval" records, in the code sandbox
 }
 
 LENGTH_DEFAULTS: dict[str, Callable[[int], dict[str, int]]] = {

@@ -45,6 +45,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from rlvr_jax.rewards import _worker as _worker_mod
 from rlvr_jax.rewards import protocol
 from rlvr_jax.rewards._worker import describe as _describe
 from rlvr_jax.rewards.protocol import ItemTimeout  # noqa: F401  (re-exported)
@@ -97,9 +98,9 @@ _WORKER_CMD = "from rlvr_jax.rewards._worker import main; main()"
 class _Worker:
   """A worker process (a fresh interpreter, see ``_worker.py``) and its connection."""
 
-  def __init__(self, memory_limit_bytes: int | None):
+  def __init__(self, memory_limit_bytes: int | None, item_budget_s: float | None = None):
     parent_sock, child_sock = socket.socketpair()
-    env = dict(os.environ)
+    env = _worker_env(item_budget_s)
     # So the child finds rlvr_jax before it receives the parent's exact sys.path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     try:
@@ -145,6 +146,16 @@ def dumps_reward(reward_fn: Any) -> bytes:
       f"reward_fn must be picklable by cloudpickle (it may not hold locks, open files, sockets "
       f"or device arrays): {_describe(e)}"
     ) from e
+
+
+def _worker_env(item_budget_s: float | None) -> dict[str, str]:
+  """The worker's environment: ours, plus its per-item budget (the runtime's ``timeout_s``), which
+  rewards with limits of their own (the code sandbox) stay inside instead of being killed."""
+  env = dict(os.environ)
+  env.pop(_worker_mod.BUDGET_ENV, None)
+  if item_budget_s is not None:
+    env[_worker_mod.BUDGET_ENV] = repr(float(item_budget_s))
+  return env
 
 
 def _exit_description(exitcode: int | None) -> str:
@@ -261,8 +272,10 @@ class RewardRuntime:
 
   def _new_worker(self) -> _Worker:
     """A started worker. One spare is kept warm, so replacing a killed worker costs no start-up."""
-    spare, self._spare = self._spare, _Worker(self.memory_limit_bytes)
-    return spare if spare is not None and spare.is_alive() else _Worker(self.memory_limit_bytes)
+    spare, self._spare = self._spare, _Worker(self.memory_limit_bytes, self.timeout_s)
+    if spare is not None and spare.is_alive():
+      return spare
+    return _Worker(self.memory_limit_bytes, self.timeout_s)
 
   def _ensure_workers(self) -> None:
     self._workers = [w for w in self._workers if w.is_alive()]

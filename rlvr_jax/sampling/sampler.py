@@ -9,7 +9,8 @@ Flow of ``generate`` for P prompts and G samples each (B = P * G rows, group ord
   out:   Rollout with tokens, sampler / model log-probs (float32), mask, lengths, flags, ids.
 
 The sampler calls the same ``rlvr_jax.model.forward`` as the trainer, so its log-probs match a full
-forward pass to float tolerance (see ``rlvr_jax.sampling.parity``). Randomness comes from
+forward pass to float rounding (not bitwise: the matmul shapes differ; bound and reason in
+``rlvr_jax.sampling.parity``). Randomness comes from
 ``keys.row_keys`` (per prompt id and sample id) folded with the completion position, so samples do
 not depend on batch size or device layout.
 

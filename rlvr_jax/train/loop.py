@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 
 import jax
@@ -34,7 +35,7 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
-from rlvr_jax.train import build, evaluate, optimizer, rollout, sft
+from rlvr_jax.train import build, evaluate, optimizer, rollout, rundir, sft
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -51,6 +52,10 @@ class Trainer:
   every process constructs the same Trainer; checkpoints are written collectively into
   ``config.workdir``, only the primary process logs there, the others into
   ``<workdir>/process_<i>``.
+
+  The workdir's lifecycle is ``train.rundir``'s: a resume of a different experiment raises
+  ``ConfigError`` here; for a run already complete (``self.finished``, its summary) nothing is
+  built and ``run()`` returns that summary without writing anything.
   """
 
   def __init__(self, config, *, log=print, layout: Layout | None = None):
@@ -60,10 +65,26 @@ class Trainer:
       log = _quiet
     self.c, self.log = config, log
     c = config
+    self.runtime = None
     os.makedirs(c.workdir, exist_ok=True)
-    with open(os.path.join(c.workdir, "config.json"), "w") as f:
-      f.write(c.to_json_best_effort(indent=2))
+    self.checkpointer = self._open_checkpoints()
+    # The run directory's lifecycle (train.rundir): refuse a different experiment, and leave a
+    # finished run untouched.
+    latest = self.checkpointer.latest_step() if c.checkpoint.resume else None
+    if latest is not None:
+      rundir.check_resume(c, latest)
+    self.finished = rundir.finished_summary(c, latest)
+    if self.finished is not None:
+      return
+    if self.layout.is_primary:
+      with open(os.path.join(c.workdir, "config.json"), "w") as f:
+        f.write(c.to_json_best_effort(indent=2))
+    t0 = time.perf_counter()
+    what = {"tiny": "initialising", "smollm2": "loading SmolLM2 weights"}.get(c.model.source)
+    log(f"{what or f'loading weights from {c.model.path}'} ...")
     self.tokenizer, params, self.model_config = build.build_tokenizer_and_model(c)
+    num = sum(int(np.size(x)) for x in jax.tree.leaves(params))
+    log(f"model ready: {num / 1e6:.2f} M parameters ({time.perf_counter() - t0:.1f} s)")
     source, self.heldout = data_lib.build_sources(c.data)
     self.source = self.layout.shard_source(source)  # this process's share of every batch
     self.runtime = build.build_runtime(c)
@@ -89,7 +110,8 @@ class Trainer:
     step_key = (
       self.model_config,
       c.optim.to_json(),
-      r.num_steps * self.updates_per_step,
+      # the schedule's length (a constant schedule has none: runs of any length share a step)
+      None if c.optim.schedule == "constant" else r.num_steps * self.updates_per_step,
       c.objective.name,
       tuple(sorted(kwargs.items())),
       r.num_microbatches,
@@ -122,11 +144,6 @@ class Trainer:
     self.layout.setup(self.state, model_config=self.model_config, optimizer=self.optimizer)
     self.state = self.layout.place_state(self.state)
     self.train_step = self.layout.wrap_train_step(self.train_step)
-    self.checkpointer = ckpt_lib.Checkpointer(
-      os.path.join(c.workdir, "checkpoints"),
-      keep=c.checkpoint.keep,
-      async_save=c.checkpoint.async_save,
-    )
     self.host_state = {"data": self.source.state(), "eval_before": None, "warm_start_done": False}
     if not self.layout.is_primary:  # checkpoints stay shared; logs, summaries, plots go elsewhere
       c = config.copy_and_resolve_references()
@@ -136,6 +153,20 @@ class Trainer:
       self.c = c
 
   # ------------------------------------------------------------------ set-up
+  def _open_checkpoints(self) -> ckpt_lib.Checkpointer:
+    """The workdir's checkpointer; with ``checkpoint.resume=False`` the old checkpoints are
+    removed first (starting over in place)."""
+    c = self.c
+    directory = os.path.join(c.workdir, "checkpoints")
+    if not c.checkpoint.resume and os.path.isdir(directory):
+      if self.layout.is_primary:
+        self.log(f"checkpoint.resume=False: starting over, removing {directory}")
+        shutil.rmtree(directory)
+      self.layout.barrier("rundir")
+    return ckpt_lib.Checkpointer(
+      directory, keep=c.checkpoint.keep, async_save=c.checkpoint.async_save
+    )
+
   def restore_or_start(self) -> int:
     """Restore the latest complete checkpoint (if resuming), else warm start; returns the step."""
     with self.layout.context():
@@ -153,6 +184,7 @@ class Trainer:
       return int(step)
     if c.warm_start.num_steps > 0:
       t0 = time.perf_counter()
+      self.log(f"warm start: {c.warm_start.num_steps} supervised steps (the first compiles) ...")
       params, _ = sft.warm_start(
         self.state.params,
         source=build.warm_start_source(c),
@@ -167,6 +199,7 @@ class Trainer:
         extra["ref_params"] = params
       self.state = init_state(params, self.optimizer, self.state.key, extra)
       self.host_state["warm_start_s"] = time.perf_counter() - t0
+      self.log(f"warm start done ({self.host_state['warm_start_s']:.1f} s)")
     self.host_state["warm_start_done"] = True
     return 0
 
@@ -268,35 +301,60 @@ class Trainer:
   # ------------------------------------------------------------------ the run
   def run(self) -> dict:
     c = self.c
+    if self.finished is not None:  # train.rundir: nothing to do, nothing rewritten
+      self.log(
+        f"run complete ({c.rl.num_steps} RL steps): results in {c.workdir}/summary.json and "
+        f"metrics.jsonl; nothing to do (a larger --config.rl.num_steps extends it)"
+      )
+      return self.finished
     start = self.restore_or_start()
     resume_step = start if start > 0 else None
     writer = metrics_lib.MetricsWriter(
-      c.workdir, tensorboard=c.logging.tensorboard, resume_step=resume_step
+      c.workdir,
+      tensorboard=c.logging.tensorboard,
+      resume_step=resume_step,
+      # Killed during the final evaluation (it runs after the last save): it is redone.
+      drop_eval_at=c.rl.num_steps if start == c.rl.num_steps else None,
     )
     if self.host_state.get("eval_before") is None:
+      self.log(f"evaluating {len(self.heldout)} held-out problems (compiles the sampler) ...")
       before = self.evaluate()
       self.host_state["eval_before"] = before
       writer.write(0, before)
-      self.log(_fmt("before RL", before))
+      self.log(_fmt("before RL", before) + f" ({before['eval/time_s']:.1f} s)")
     stop = c.rl.num_steps
     if c.max_steps_this_run > 0:
       stop = min(stop, start + c.max_steps_this_run)
     bar = metrics_lib.ProgressBar(c.rl.num_steps, start, enabled=c.logging.progress)
+    say = bar.write if c.logging.progress else self.log  # self.log is silent off process 0
     t_run = time.perf_counter()
     last = {}
     for step in range(start, stop):
+      if step == start:
+        say("first RL step: compiling the sampler and the train step ...")
       last = self.rl_step(step)
       writer.write(step + 1, last)
       bar.update(last)
+      if step == start:  # the ETA counts the steps after compilation only
+        bar.restart_clock()
+        say(
+          f"first RL step done in {last['time/step']:.1f} s (rollout {last['time/rollout']:.1f} s,"
+          f" update {last['time/update']:.1f} s, mostly compilation)"
+        )
       done = step + 1
       if c.eval.every and done % c.eval.every == 0 and done < c.rl.num_steps:
         ev = self.evaluate()
         writer.write(done, ev)
-        bar.write(_fmt(f"step {done}", ev))
+        say(_fmt(f"step {done}", ev))
       if (c.checkpoint.every and done % c.checkpoint.every == 0) or done == stop:
         self.save(done)
     bar.close()
-    summary = {"rl_time_s": time.perf_counter() - t_run, "steps": stop, "last": last}
+    summary = {
+      "complete": stop == c.rl.num_steps,
+      "rl_time_s": time.perf_counter() - t_run,
+      "steps": stop,
+      "last": last,
+    }
     if stop == c.rl.num_steps:
       after = self.evaluate()
       writer.write(stop, after)
@@ -317,7 +375,8 @@ class Trainer:
 
   def close(self) -> None:
     self.checkpointer.close()
-    self.runtime.close()
+    if self.runtime is not None:
+      self.runtime.close()
 
 
 def _quiet(_: str) -> None:
@@ -334,6 +393,8 @@ def _jsonable(x):
     return {k: _jsonable(v) for k, v in x.items()}
   if dataclasses.is_dataclass(x):
     return _jsonable(dataclasses.asdict(x))
+  if isinstance(x, (bool, int, str)):
+    return x
   try:
     return float(x)
   except (TypeError, ValueError):

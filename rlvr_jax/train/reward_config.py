@@ -45,7 +45,19 @@ from rlvr_jax.rewards import registry
 
 # Per-row fields the trainer passes to every reward when the records have them (plus
 # completion_lengths, always). group_size is passed too, but not to per-item plain functions.
-PASSED_FIELDS = ("answer", "numbers", "target", "tests", "test_weights")
+PASSED_FIELDS = (
+  "answer",
+  "numbers",
+  "target",
+  "tests",
+  "test_weights",
+  "reasoning_gym",
+  "code_prefix",
+  "entry_point",
+)
+# Data sources whose records carry their own verifier: the library reward that scores them. A run
+# on such a source must use it (by name, or as a component) or a user reward by import path.
+SOURCE_REWARDS = {"reasoning_gym": "reasoning_gym", "humaneval": "humaneval"}
 _RESERVED_KEYS = ("name", "fn", "kwargs", "weight", "gate")
 
 
@@ -163,8 +175,13 @@ def _wrap_function(fn: Any, kwargs: dict, field: str, key: str, known_fields: se
   return rewards.FunctionReward(bound, name=key)
 
 
-def _build_one(spec, *, key: str, field: str, max_new_tokens: int, known_fields: set[str]):
-  """The ItemReward of one component (library name or import path) with its kwargs."""
+def _build_one(
+  spec, *, key: str, field: str, max_new_tokens: int, known_fields: set[str], defaults=None
+):
+  """The ItemReward of one component (library name or import path) with its kwargs.
+
+  ``defaults``: library name -> keyword defaults taken from other config sections (e.g. the
+  reasoning-gym reward's ``answer_format`` from ``data.reasoning_gym``); kwargs override them."""
   name, fn_path = str(spec.get("name", "") or ""), str(spec.get("fn", "") or "")
   kwargs = _plain(spec.get("kwargs", ConfigDict())) or {}
   if bool(name) == bool(fn_path):
@@ -178,6 +195,7 @@ def _build_one(spec, *, key: str, field: str, max_new_tokens: int, known_fields:
         field=f"{field}.kwargs.{arg}",
         max_new_tokens=max_new_tokens,
         known_fields=known_fields,
+        defaults=defaults,
       )
   if name:
     if name not in registry.REWARDS:
@@ -188,7 +206,11 @@ def _build_one(spec, *, key: str, field: str, max_new_tokens: int, known_fields:
         "per-token rewards are not consumed by the trainer; use the sequence-level "
         "sequence_repetition_penalty or the 'repetition' reward",
       )
-    kwargs = {**registry.length_defaults(name, max_new_tokens), **kwargs}
+    kwargs = {
+      **registry.length_defaults(name, max_new_tokens),
+      **(defaults or {}).get(name, {}),
+      **kwargs,
+    }
     return _instantiate(registry.REWARDS[name], kwargs, field)
   try:
     target = registry.import_reward(fn_path)
@@ -219,10 +241,16 @@ def build_reward(c):
   r = c.reward
   max_new_tokens = int(c.sampling.max_new_tokens)
   known = _known_fields(c)
+  defaults = {"reasoning_gym": {"answer_format": c.data.reasoning_gym.answer_format}}
   if not r.components:
     spec = ConfigDict(dict(fn=r.name) if ":" in r.name else dict(name=r.name))
     reward = _build_one(
-      spec, key="reward", field="reward", max_new_tokens=max_new_tokens, known_fields=known
+      spec,
+      key="reward",
+      field="reward",
+      max_new_tokens=max_new_tokens,
+      known_fields=known,
+      defaults=defaults,
     )
     if ":" not in r.name:
       return reward
@@ -236,7 +264,12 @@ def build_reward(c):
     if extra:
       raise _error(field, f"unknown field(s) {extra}; a component has {list(_RESERVED_KEYS)}")
     items[key] = _build_one(
-      spec, key=key, field=field, max_new_tokens=max_new_tokens, known_fields=known
+      spec,
+      key=key,
+      field=field,
+      max_new_tokens=max_new_tokens,
+      known_fields=known,
+      defaults=defaults,
     )
     weight = spec.get("weight", 1.0)
     if not isinstance(weight, int | float) or not math.isfinite(weight):
@@ -268,6 +301,28 @@ def _check_label_free(c, reward) -> None:
       )
 
 
+def _check_source_reward(c) -> None:
+  """The verifier of a data source goes with that source (SOURCE_REWARDS), both ways."""
+  r = c.reward
+  specs = list(r.components.values()) if r.components else [ConfigDict(dict(name=r.name))]
+  names = {str(s.get("name", "") or "") for s in specs}
+  by_path = any(":" in str(s.get("name", "") or "") or s.get("fn", "") for s in specs)
+  for source, name in SOURCE_REWARDS.items():
+    if name in names and c.data.source != source:
+      raise _error(
+        "reward.name" if not r.components else "reward.components",
+        f"{name!r} scores the records of data.source={source!r}, not {c.data.source!r}",
+      )
+  own = SOURCE_REWARDS.get(c.data.source)
+  if own and own not in names and not by_path:
+    raise _error(
+      "reward.name",
+      f"data.source={c.data.source!r} records are scored by their own verifier: set "
+      f"reward.name={own!r} (or a component with it, or your reward by import path); got "
+      f"{sorted(n for n in names if n)}",
+    )
+
+
 def validate_reward(c) -> None:
   """ConfigError naming the field for any reward setting the trainer cannot run with."""
   r = c.reward
@@ -285,6 +340,7 @@ def validate_reward(c) -> None:
     raise _error("reward.num_workers", "must be >= 1")
   if not r.timeout_s > 0:
     raise _error("reward.timeout_s", "must be > 0")
+  _check_source_reward(c)
   reward = build_reward(c)
   _check_label_free(c, reward)
   try:

@@ -36,6 +36,7 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
+from rlvr_jax.train import reward_config
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.config import ADVANTAGES
 from rlvr_jax.train.layout import Layout
@@ -363,11 +364,12 @@ class Collector:
 
 
 def reward_fields(records, num_samples: int, example_fields=()) -> dict:
-  """Per-row example fields for the reward: ``answer``, and ``numbers`` / ``target`` /
-  ``tests`` / ``test_weights`` when the records have them, plus ``reward.example_fields``
-  (which every record must have)."""
+  """Per-row example fields for the reward: ``answer``, and the other
+  ``reward_config.PASSED_FIELDS`` when the records have them (countdown's numbers / target,
+  code tests, reasoning-gym's {task, config, entry}, HumanEval's code_prefix / entry_point), plus
+  ``reward.example_fields`` (which every record must have)."""
   fields = {"answer": [r["answer"] for r in records for _ in range(num_samples)]}
-  for extra in ("numbers", "target", "tests", "test_weights", *example_fields):
+  for extra in (*reward_config.PASSED_FIELDS[1:], *example_fields):
     if records and (extra in records[0] or extra in example_fields):
       missing = [i for i, r in enumerate(records) if extra not in r]
       if missing:

