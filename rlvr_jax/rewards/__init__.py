@@ -20,8 +20,8 @@ from rlvr_jax.rewards.code_sandbox import (
 )
 from rlvr_jax.rewards.combine import CombinedReward
 from rlvr_jax.rewards.format_reward import FormatReward, format_ok
-from rlvr_jax.rewards.label_free import CoReward, MajorityVoteReward, answer_key, majority
 from rlvr_jax.rewards.humaneval_reward import HumanEvalReward
+from rlvr_jax.rewards.label_free import CoReward, MajorityVoteReward, answer_key, majority
 from rlvr_jax.rewards.length import (
   CosineReward,
   LaserReward,
