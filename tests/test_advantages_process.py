@@ -294,12 +294,6 @@ def test_rlpr_std_filter_matches_loop():
   assert int(state.steps) == 14
 
 
-def test_accuracy_band_filter():
-  correct = jnp.array([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [np.nan] * 4], jnp.float32)
-  keep = adv.accuracy_band_filter(correct, low=0.2, high=0.8)
-  np.testing.assert_array_equal(keep, [False, True, True, False])
-
-
 # ----------------------------------------------------------------------------------------------
 # 8 simulated devices: sharded rows under jit, and shard_map with axis_name.
 

@@ -33,8 +33,7 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``min_form_credit`` (PURE), ``group_loo_token_rewards``, ``token_rloo_returns``,
   ``prime_advantages``, ``pure_advantages``; REINFORCE++ takes dense rewards via
   ``token_rewards=``;
-* prompt filters: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``),
-  ``accuracy_band_filter``;
+* RLPR's prompt filter: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``);
 * turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
   ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
   group normalisation shared by CM2 / MatchTIR / A2TGPO / MAPO), ``mapo_advantages``,
@@ -50,7 +49,7 @@ Parts (this ``__init__`` is only the public API and ``SEQUENCE_ESTIMATORS``; the
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
 (REINFORCE++, its baseline variant, GAE), ``process`` (dense credit: PRIME, PURE, step
-segmentation), ``filters`` (RLPR std filter, accuracy band), ``turns`` (turn-level returns and advantages). The package imports only jax
+segmentation), ``std_filter`` (RLPR's std filter), ``turns`` (turn-level returns and advantages). The package imports only jax
 (``tests/test_import_rules.py`` checks it).
 """
 
@@ -63,12 +62,6 @@ from rlvr_jax.advantages.common import (
   valid_mask,
   zero_variance_groups,
   zero_variance_metrics,
-)
-from rlvr_jax.advantages.filters import (
-  StdFilterState,
-  accuracy_band_filter,
-  rlpr_std_filter,
-  std_filter_init,
 )
 from rlvr_jax.advantages.group import (
   CopoAdvantages,
@@ -104,6 +97,11 @@ from rlvr_jax.advantages.riskpo import (
   riskpo_advantages,
   riskpo_init,
   riskpo_tracker_update,
+)
+from rlvr_jax.advantages.std_filter import (
+  StdFilterState,
+  rlpr_std_filter,
+  std_filter_init,
 )
 from rlvr_jax.advantages.token_level import (
   discounted_returns,
@@ -184,7 +182,6 @@ __all__ = [
   "turn_values_to_tokens",
   "StdFilterState",
   "StepSegments",
-  "accuracy_band_filter",
   "group_loo_token_rewards",
   "implicit_process_rewards",
   "min_form_credit",

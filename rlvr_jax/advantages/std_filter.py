@@ -1,8 +1,8 @@
-"""Prompt filters that model-side rewards need: RLPR's std filter, PRIME's accuracy band.
+"""RLPR's adaptive standard-deviation filter (a stateful prompt filter for model-side rewards).
 
-Part of :mod:`rlvr_jax.advantages` (import from there). Both return a ``[P]`` bool ``keep`` mask
-(drop a prompt by masking its rows out of the loss, as ``handle_zero_variance(..., "mask")``
-does) and are pure and jittable.
+Part of :mod:`rlvr_jax.advantages` (import from there). Returns a ``[P]`` bool ``keep`` mask (drop
+a prompt by masking its rows out of the loss, as ``handle_zero_variance(..., "mask")`` does); pure
+and jittable. PRIME's accuracy band [0.2, 0.8] is a pass-rate filter on the outcome.
 """
 
 from __future__ import annotations
@@ -71,26 +71,3 @@ def rlpr_std_filter(
     "std_filter/mean_std": mean_std,
   }
   return keep, StdFilterState(ema.astype(jnp.float32), steps), metrics
-
-
-def accuracy_band_filter(
-  correct: jax.Array,
-  *,
-  valid: jax.Array | None = None,
-  low: float = 0.2,
-  high: float = 0.8,
-) -> jax.Array:
-  """Keep prompts whose accuracy over valid samples lies in [low, high] (PRIME's online filter).
-
-    keep_p = low ≤ mean_g correct_{p,g} ≤ high,   prompts without a valid sample are dropped.
-
-  Args:
-    correct: [P, G] outcomes in {0, 1} (NaN = failed).  valid: optional [P, G] bool.
-
-  Returns:
-    [P] bool.
-  """
-  correct, mask = common.prepare(correct, valid)
-  mean, _, count = common.group_mean_std(correct, mask, ddof=0)
-  mean, count = mean[:, 0], count[:, 0]
-  return (count > 0) & (mean >= low) & (mean <= high)
