@@ -35,7 +35,7 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
-from rlvr_jax.train import build, evaluate, optimizer, rollout, rundir, sft
+from rlvr_jax.train import build, evaluate, optimizer, prime, rollout, rundir, sft
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -136,8 +136,21 @@ class Trainer:
     extra = {}
     if r.advantage == "riskpo":
       extra["riskpo"] = adv_lib.riskpo_init()
-    if r.use_reference:
-      extra["ref_params"] = params
+    if r.use_reference or c.prime.enabled:  # PRIME's token reward is relative to π_ref
+      # A copy: the train step donates the state, and an alias of ``params`` inside it would be
+      # donated twice (INVALID_ARGUMENT at the first update).
+      extra["ref_params"] = jax.tree.map(jnp.copy, params)
+    self.prm_step = None
+    if c.prime.enabled:  # the implicit PRM: a second parameter tree with its own optimiser
+      self.prm_optimizer = prime.prm_optimizer(c)
+      extra.update(prime.init_prm_extra(params, self.prm_optimizer))
+      self.prm_step = prime.make_prm_step(
+        model_config=self.model_config,
+        optimizer=self.prm_optimizer,
+        beta=c.prime.beta,
+        temperature=c.sampling.temperature,
+        chunk_size=r.logprob_chunk,
+      )
     if c.objective.name == "siren":
       extra.update(step_lib.init_siren_extra())
     self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
@@ -196,7 +209,9 @@ class Trainer:
       )
       extra = dict(self.state.extra)
       if "ref_params" in extra:
-        extra["ref_params"] = params
+        extra["ref_params"] = jax.tree.map(jnp.copy, params)  # not an alias (see __init__)
+      if "prm_params" in extra:  # the PRM starts from the warm-started policy too
+        extra.update(prime.init_prm_extra(params, self.prm_optimizer))
       self.state = init_state(params, self.optimizer, self.state.key, extra)
       self.host_state["warm_start_s"] = time.perf_counter() - t0
       self.log(f"warm start done ({self.host_state['warm_start_s']:.1f} s)")
@@ -210,7 +225,8 @@ class Trainer:
     )
     cmask = batch.completion_mask[rows]
     t = cmask.shape[1]
-    adv = np.asarray(batch.advantages[rows])[:, None] * cmask
+    adv = np.asarray(batch.advantages[rows])
+    adv = (adv[:, None] if adv.ndim == 1 else adv) * cmask  # sequence [B] or token [B, T]
     sampler_logp = batch.sampler_logp[rows]
     extras = {
       k: jnp.asarray(v[rows]) for k, v in batch.scores.items() if k not in ("old_logp", "ref_logp")
@@ -247,6 +263,7 @@ class Trainer:
       ref_params=self.state.extra.get("ref_params"),
       need_old=self.updates_per_step > 1,
       adv_state=adv_state,
+      prm_params=self.state.extra.get("prm_params"),
     )
     if adv_state is not None:
       self.state = self.state.replace(extra={**self.state.extra, "riskpo": adv_state})
@@ -268,8 +285,10 @@ class Trainer:
         key = jax.random.fold_in(jax.random.fold_in(step_key, 1 + epoch), m)
         self.state, um = self.train_step(self.state, tb, num_tokens, num_seqs, key)
         update_metrics.append(um)
+    prm_metrics = self._prm_update(batch) if self.prm_step is not None else {}
     self.state = self.state.replace(step=jnp.asarray(step + 1, jnp.int32))
     out = dict(batch.metrics)
+    out.update(prm_metrics)
     if update_metrics:
       host = [jax.tree.map(float, jax.device_get(um)) for um in update_metrics]
       for k in host[0]:
@@ -282,6 +301,26 @@ class Trainer:
     out["time/rollout"] = t1 - t0
     out["time/step"] = t2 - t0
     return out
+
+  def _prm_update(self, batch: rollout.RolloutBatch) -> dict:
+    """PRIME: one cross-entropy step of the implicit PRM on this rollout's outcome labels, in the
+    same RL step as the policy update (train/prime.py); the PRM tree lives in ``state.extra``."""
+    tokens, positions = step_lib.sequence_inputs(
+      batch.prompt_tokens, batch.prompt_mask, jnp.asarray(batch.tokens)
+    )
+    labels = np.asarray(batch.correct, np.float32).reshape(-1)
+    extra = dict(self.state.extra)
+    extra["prm_params"], extra["prm_opt_state"], metrics = self.prm_step(
+      extra["prm_params"],
+      extra["prm_opt_state"],
+      tokens,
+      positions,
+      jnp.asarray(batch.completion_mask),
+      jnp.asarray(batch.scores["ref_logp"]),
+      jnp.asarray(labels),
+    )
+    self.state = self.state.replace(extra=extra)
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
   # ------------------------------------------------------------------ checkpoint / eval
   def save(self, step: int, *, force=False) -> None:

@@ -9,7 +9,9 @@ Config section ``config.model_reward``::
   replace      drop the host reward (label-free Intuitor training: name='self_certainty')
   marker       text that starts the answer span (e.g. '<answer>'); the reasoning kept before the
                reference is the completion up to its first occurrence ('' : the whole completion)
-  format_coef  RLPR's c_f (its format reward is the host reward when ``replace`` is False)
+
+RLPR's R = (1 − c_f) Δ + c_f r_fmt is ``name='rlpr'`` with ``weight = 1 − c_f`` and a host format
+reward weighted c_f (``reward.components``); the model reward itself is Δ.
 
 Formulas in ``rlvr_jax.logprobs.model_rewards`` (METHODS.md §5.6-5.7). Everything runs through the
 tiled log-prob sweep, never a [B, T, V] array. The reference answer is the record's ``answer``
@@ -33,7 +35,7 @@ REFERENCE_KINDS = KINDS[2:]
 
 
 def model_reward_section() -> ConfigDict:
-  return ConfigDict(dict(name="", weight=1.0, replace=False, marker="", format_coef=0.1))
+  return ConfigDict(dict(name="", weight=1.0, replace=False, marker=""))
 
 
 def validate_model_reward(c, error) -> None:
@@ -43,8 +45,6 @@ def validate_model_reward(c, error) -> None:
     raise error("model_reward.name", f"{m.name!r} not in {KINDS}")
   if m.replace and not m.name:
     raise error("model_reward.replace", "needs model_reward.name")
-  if not 0.0 <= m.format_coef <= 1.0:
-    raise error("model_reward.format_coef", f"must be in [0, 1], got {m.format_coef}")
 
 
 def reference_ids(tokenizer, answers, *, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

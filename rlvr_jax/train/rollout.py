@@ -36,6 +36,8 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
+from rlvr_jax.train import model_rewards as model_rewards_lib
+from rlvr_jax.train import prime as prime_lib
 from rlvr_jax.train import reward_config
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.config import ADVANTAGES
@@ -110,6 +112,17 @@ class Collector:
       chunk_size=config.rl.logprob_chunk,
       num_microbatches=config.rl.num_microbatches,
     )
+    self.model_reward_fn = None
+    m = config.model_reward
+    if m.name:  # on-device rewards (issue 17): one jitted no-grad pass, see train/model_rewards
+      marker = tuple(tokenizer.encode(m.marker, add_special_tokens=False)) if m.marker else ()
+      self.model_reward_fn = model_rewards_lib.make_model_reward_fn(
+        model_config=model_config,
+        kind=m.name,
+        marker_ids=marker,
+        pad_id=self.pad_id,
+        chunk_size=config.rl.logprob_chunk,
+      )
 
   # ------------------------------------------------------------------ pieces
   def prompts(self, records):
@@ -201,8 +214,9 @@ class Collector:
     )
     return completions, self.layout.gather_rewards(future, num_groups, num_samples)
 
-  def _scores(self, params, ref_params, rollout, *, need_old: bool):
-    """Dispatches the no-grad passes (async); returns a dict of device [B_gen, T] arrays."""
+  def _scores(self, params, ref_params, rollout, *, need_old: bool, prm_params=None, answers=None):
+    """Dispatches the no-grad passes (async); returns a dict of device [B_gen, T] arrays (and
+    the [B_gen] ``model_reward`` / ``model_reward/*`` of ``config.model_reward``)."""
     out = {}
     t = rollout.tokens.shape[1]
     tokens, positions = step_lib.sequence_inputs(
@@ -212,19 +226,34 @@ class Collector:
       out["old_logp"], _ = self.score_fn(params, tokens, positions, t)
     if ref_params is not None:
       out["ref_logp"], _ = self.score_fn(ref_params, tokens, positions, t)
+    if prm_params is not None:  # PRIME's implicit PRM (a second parameter tree)
+      out["prm_logp"], _ = self.score_fn(prm_params, tokens, positions, t)
+    if self.model_reward_fn is not None:
+      ref = ref_mask = None
+      if self.c.model_reward.name in model_rewards_lib.REFERENCE_KINDS:
+        ref, ref_mask = model_rewards_lib.reference_ids(self.tokenizer, answers, pad_id=self.pad_id)
+      got = self.model_reward_fn(
+        params, rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens,
+        rollout.completion_mask, ref, ref_mask, None,
+      )  # fmt: skip
+      out.update({("model_reward" if k == "model_reward" else f"model_reward/{k}"): v
+                  for k, v in got.items()})  # fmt: skip
     if self.c.objective.name == "lp_reg":
       out["proxy_logp"] = proxy_logp_fn(self.model_config)(params, tokens, positions, t)
     return out
 
   # ------------------------------------------------------------------ main entry
-  def collect(self, params, *, key, ref_params=None, need_old=False, adv_state=None):
+  def collect(
+    self, params, *, key, ref_params=None, need_old=False, adv_state=None, prm_params=None
+  ):
     """One rollout batch of P groups; returns (RolloutBatch, new advantage state)."""
     with self.layout.context():
       params = self.layout.sampling_params(params)
       ref_params = self.layout.sampling_params(ref_params)
-      return self._collect(params, key, ref_params, need_old, adv_state)
+      prm_params = self.layout.sampling_params(prm_params)
+      return self._collect(params, key, ref_params, need_old, adv_state, prm_params)
 
-  def _collect(self, params, key, ref_params, need_old, adv_state):
+  def _collect(self, params, key, ref_params, need_old, adv_state, prm_params=None):
     c = self.c
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
     remax = c.rl.advantage == "remax"
@@ -244,8 +273,11 @@ class Collector:
       metrics["time/sample"] += t1 - t0
       completions, future = self._submit_local(texts, records, rollout, G_gen, P)
       # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
+      answers = [r.get("answer", "") for r in records for _ in range(G_gen)]
       scores = self.layout.gather_rollout(
-        self._scores(params, ref_params, rollout, need_old=need_old)
+        self._scores(
+          params, ref_params, rollout, need_old=need_old, prm_params=prm_params, answers=answers
+        )
       )
       result = future.result()
       metrics["time/reward"] += time.perf_counter() - t1
@@ -254,6 +286,15 @@ class Collector:
       host = jax.tree.map(np.asarray, rollout)
       scores = {k: np.asarray(v) for k, v in scores.items()}
       rewards = result.rewards.reshape(P, G_gen)
+      if "model_reward" in scores:  # R = R_host + w R_model (or w R_model with replace)
+        model_r = scores.pop("model_reward")
+        rewards = model_rewards_lib.combine_rewards(
+          result.rewards, model_r, self.c.model_reward
+        ).reshape(P, G_gen)
+        reward_metrics[-1] = {**reward_metrics[-1], "reward/model/mean": float(np.mean(model_r))}
+        for k in [k for k in scores if k.startswith("model_reward/")]:
+          extra = scores.pop(k)
+          reward_metrics[-1][f"reward/model/{k.split('/', 1)[1]}"] = float(np.mean(extra))
       correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
       correct = correct.reshape(P, G_gen)
       greedy = rewards[:, G] if remax else np.full(P, np.nan, np.float32)
@@ -312,6 +353,12 @@ class Collector:
         _remax(jnp.asarray(rewards), jnp.asarray(greedy_rewards), jnp.asarray(valid))
       )
       metrics["reward/greedy_mean"] = float(np.nanmean(greedy_rewards))
+    elif self.c.rl.advantage == "prime":  # [B, T] token advantages from the implicit PRM
+      adv = np.asarray(
+        prime_lib.prime_token_advantages(
+          scores.pop("prm_logp"), scores["ref_logp"], completion_mask, rewards, valid, c.prime
+        )
+      )
     else:
       adv, adv_state = self._advantages(rewards, valid, adv_state)
     if c.rl.zero_variance in ("mask", "refill"):
@@ -342,7 +389,7 @@ class Collector:
       completion_mask=completion_mask,
       sampler_logp=cat("sampler_logp"),
       lengths=lengths,
-      advantages=adv.reshape(-1).astype(np.float32),
+      advantages=(adv if c.rl.advantage == "prime" else adv.reshape(-1)).astype(np.float32),
       rewards=rewards,
       correct=correct,
       scores=scores,
