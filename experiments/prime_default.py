@@ -10,8 +10,9 @@ Command:
   HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
     --config=experiments/prime_default.py
 
-Compare with experiments/default.py (outcome-only GRPO) at the same 150 steps and seed;
-docs/results.md records both.
+Expected result: compare with experiments/default.py (outcome-only GRPO) at the same 150 steps
+and seed; docs/results.md records both runs, and the PRM's own metrics (``prm/loss``,
+``prm/accuracy``: does σ(β Σ log π_φ/π_ref) predict the outcome).
 """
 
 import importlib.util
