@@ -126,6 +126,9 @@ def test_math_verify_hang_is_a_counted_timeout(runtime):
   # 9^(9^(9^9)) sends sympy into a practically endless big-integer evaluation.
   reward = rewards.MathReward(verify_timeout_s=0.5)
   completions = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{2}"]
+  # Load and warm the workers first (warm-up runs math-verify once per kind, seconds under load):
+  # the bound below is about the hang, not about the workers' start.
+  runtime.run(reward, ["q"] * 4, ["\\boxed{1}"] * 4, answer=["1"] * 4)
   start = time.monotonic()
   result = runtime.run(reward, ["q", "q"], completions, answer=["7", "2"])
   assert time.monotonic() - start < TIMEOUT_S + 5

@@ -205,6 +205,7 @@ def base_config() -> ConfigDict:
   c.eval = ConfigDict(dict(every=25, num_samples=4, temperature=1.0, batch_size=256))
   c.checkpoint = ConfigDict(dict(every=25, keep=2, async_save=True, resume=True))
   c.logging = ConfigDict(dict(tensorboard=True, progress=True, plot=True))
+  c.env = env_config()  # multi-turn episodes (issue 16): active when env.id is set
   return c
 
 
@@ -320,6 +321,12 @@ def validate(c) -> None:
     f"rewards feed that estimator); got enabled={c.prime.enabled}, advantage={c.rl.advantage!r}",
   )
   _need(c.prime.learning_rate > 0, "prime.learning_rate", "must be > 0")
+  multiturn = c.get("env") is not None and bool(c.env.id)
+  _need(
+    not (multiturn and (c.prime.enabled or c.model_reward.name)),
+    "env.id",
+    "PRIME and config.model_reward are single-turn only (not wired into the episode collector)",
+  )
   _need(c.prime.beta > 0, "prime.beta", "must be > 0")
   s = c.sampling
   _need(s.num_samples >= 2, "sampling.num_samples", f"group RL needs G >= 2, got {s.num_samples}")
@@ -395,6 +402,8 @@ def validate(c) -> None:
     f"must be in [0, warm_start.num_steps={w.num_steps}], got {w.clean_steps}",
   )
   _need(0.0 <= w.drop_carry_prob <= 1.0, "warm_start.drop_carry_prob", "must be in [0, 1]")
+  if c.get("env") is not None and c.env.id:
+    validate_env(c)
   _need(
     w.num_steps == 0 or c.data.source != "humaneval",
     "warm_start.num_steps",
@@ -405,3 +414,75 @@ def validate(c) -> None:
     "warm_start.drop_carry_prob",
     "the carry-dropping teacher only exists for the addition task (data.task.ops='+')",
   )
+
+
+# --- multi-turn environments (issue 16) ------------------------------------------------------------
+ENV_CREDITS = ("episode", "turn")
+ENV_RETURNS = ("final", "sum", "discounted")
+ENV_RENDERERS = ("auto", "plain", "chat")
+
+
+def env_config() -> ConfigDict:
+  """The ``env`` block: multi-turn episodes instead of single-turn prompts when ``id`` is set.
+
+  id: ``gem:<id>``, ``package.module:Name`` or a built-in (``envs.BUILTINS``); kwargs: its
+  constructor arguments; tools: ``ToolEnv`` tool names. max_turns / max_tokens (context after the
+  prompt) / turn_tokens (per turn) bound an episode; stop_strings end a turn besides EOS.
+  credit: ``episode`` (the ``rl.advantage`` estimator on the episode return, ``return_mode``
+  final / sum / discounted with ``gamma``) or ``turn`` (discounted turn returns normalised per
+  prompt and turn index, broadcast to each turn's tokens). teacher: ``module:function`` making a
+  policy for the warm-start demonstrations (``warm_start.num_steps`` batches of episodes).
+  """
+  return ConfigDict(
+    dict(
+      id="",
+      kwargs=ConfigDict(),
+      tools=(),
+      max_turns=5,
+      max_tokens=64,
+      turn_tokens=8,
+      stop_strings=(),
+      renderer="auto",
+      plain_template="\n{obs}\n",
+      credit="episode",
+      return_mode="final",
+      gamma=1.0,
+      num_workers=2,
+      step_timeout_s=10.0,
+      reset_timeout_s=60.0,
+      chunk_steps=8,
+      seed=0,
+      num_eval=64,
+      teacher="",
+      teacher_kwargs=ConfigDict(),
+    )
+  )
+
+
+def validate_env(c) -> None:
+  """The ``env`` block (only when ``env.id`` is set); an unknown id names the closest choices."""
+  from rlvr_jax import envs  # plain Python, no jax
+
+  e = c.env
+  try:
+    envs.check_spec(envs.EnvSpec(e.id, dict(e.kwargs), tools=tuple(e.tools)))
+  except envs.EnvConfigError as err:
+    raise ConfigError(f"config.env.id: {err}") from None
+  _need(e.credit in ENV_CREDITS, "env.credit", f"{e.credit!r} not in {ENV_CREDITS}")
+  _need(e.return_mode in ENV_RETURNS, "env.return_mode", f"{e.return_mode!r} not in {ENV_RETURNS}")
+  _need(e.renderer in ENV_RENDERERS, "env.renderer", f"{e.renderer!r} not in {ENV_RENDERERS}")
+  _need(e.max_turns >= 1, "env.max_turns", "must be >= 1")
+  _need(e.turn_tokens >= 1, "env.turn_tokens", "must be >= 1")
+  _need(e.max_tokens >= e.turn_tokens, "env.max_tokens", "must be >= env.turn_tokens")
+  _need(0.0 < e.gamma <= 1.0, "env.gamma", f"must be in (0, 1], got {e.gamma}")
+  _need(e.num_workers >= 1, "env.num_workers", "must be >= 1")
+  _need(e.step_timeout_s > 0 and e.reset_timeout_s > 0, "env.step_timeout_s", "must be > 0")
+  _need(e.chunk_steps >= 1, "env.chunk_steps", "must be >= 1")
+  _need(e.num_eval >= 1, "env.num_eval", "must be >= 1")
+  _need(
+    c.rl.advantage in ("grpo", "dr_grpo", "lite_ppo", "rloo"),
+    "rl.advantage",
+    f"multi-turn episodes support the sequence estimators grpo, dr_grpo, lite_ppo, rloo; got "
+    f"{c.rl.advantage!r}",
+  )
+  _need(c.rl.zero_variance != "refill", "rl.zero_variance", "'refill' is single-turn only")

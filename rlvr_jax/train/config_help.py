@@ -121,6 +121,25 @@ FIELD_HELP: dict[str, str] = {
   "logging.tensorboard": "write TensorBoard events to workdir/tb",
   "logging.progress": "show the progress bar",
   "logging.plot": "write workdir/curves.png at the end",
+  # env (multi-turn episodes, train.multiturn)
+  "env.id": "multi-turn env: gem:<id>, package.module:Name or a built-in ('' = single-turn)",
+  "env.tools": "tool names wrapping the env in envs.ToolEnv (python, calculator)",
+  "env.max_turns": "most turns per episode",
+  "env.max_tokens": "context limit after the prompt: action + observation tokens",
+  "env.turn_tokens": "most tokens the policy samples in one turn",
+  "env.stop_strings": "strings that end a turn besides EOS (kept in the action)",
+  "env.renderer": "observation format: 'chat' template, 'plain' text, or 'auto' by tokenizer",
+  "env.plain_template": "plain renderer's observation text, with {obs}",
+  "env.credit": "'episode': rl.advantage on the return; 'turn': per-turn normalised returns",
+  "env.return_mode": "episode return: final turn's reward, sum, or discounted sum (env.gamma)",
+  "env.gamma": "per-turn discount of the discounted return and of turn credit",
+  "env.num_workers": "environment worker processes",
+  "env.step_timeout_s": "wall-clock limit of one env step (past it: the episode fails)",
+  "env.reset_timeout_s": "limit of one env reset, building the env included",
+  "env.chunk_steps": "decode steps per device call (env steps of finished rows overlap the next)",
+  "env.seed": "offset of the training episodes' env seeds",
+  "env.num_eval": "held-out episodes per evaluation",
+  "env.teacher": "warm start: 'package.module:function' making the demonstration policy",
 }
 
 CHOICES: dict[str, tuple] = {
@@ -137,6 +156,9 @@ CHOICES: dict[str, tuple] = {
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
   "objective.name": tuple(sorted(losses.OBJECTIVES)),
   "optim.schedule": ("constant", "cosine", "linear"),
+  "env.credit": config_lib.ENV_CREDITS,
+  "env.return_mode": config_lib.ENV_RETURNS,
+  "env.renderer": config_lib.ENV_RENDERERS,
 }
 
 
@@ -167,4 +189,6 @@ def help_for(field: str) -> str:
       return f"keyword argument of reward component {parts[2]!r}"
     if len(parts) == 4:
       return COMPONENT_HELP.get(parts[3], "")
+  if field.startswith(("env.kwargs.", "env.teacher_kwargs.")):
+    return f"keyword argument of the {'teacher' if 'teacher' in field else 'environment'}"
   return FIELD_HELP.get(field, "")

@@ -35,7 +35,7 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
-from rlvr_jax.train import build, evaluate, optimizer, prime, rollout, rundir, sft
+from rlvr_jax.train import build, evaluate, multiturn, optimizer, prime, rollout, rundir, sft
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -66,6 +66,7 @@ class Trainer:
     self.c, self.log = config, log
     c = config
     self.runtime = None
+    self.multiturn = bool(c.env.id)  # environment episodes instead of single-turn prompts
     os.makedirs(c.workdir, exist_ok=True)
     self.checkpointer = self._open_checkpoints()
     # The run directory's lifecycle (train.rundir): refuse a different experiment, and leave a
@@ -97,13 +98,19 @@ class Trainer:
       source=self.source,
       layout=self.layout,
     )
+    if self.multiturn:
+      self.collector = multiturn.MultiTurnCollector(
+        config=c, model_config=self.model_config, tokenizer=self.tokenizer, layout=self.layout
+      )
     r = c.rl
     self.updates_per_step = r.num_epochs * r.num_minibatches
     self.optimizer = optimizer.make_optimizer(
       c.optim, decay_steps=r.num_steps * self.updates_per_step
     )
     kwargs = config_lib.objective_kwargs(c)
-    kwargs.setdefault("seq_norm_constant", float(c.sampling.max_new_tokens))
+    kwargs.setdefault(
+      "seq_norm_constant", float(c.env.max_tokens if c.env.id else c.sampling.max_new_tokens)
+    )
     kwargs.setdefault("group_size", c.sampling.num_samples)
     # Jitted steps are cached per (model, optimiser, objective, ...) so several runs in one
     # process (tests, ablation drivers) compile once.
@@ -195,7 +202,12 @@ class Trainer:
       self.source.restore(self.host_state["data"])
       self.log(f"resumed from step {step} ({self.checkpointer.directory})")
       return int(step)
-    if c.warm_start.num_steps > 0:
+    if c.warm_start.num_steps > 0 and self.multiturn:
+      t0 = time.perf_counter()
+      params, _ = self.collector.warm_start(self.state.params, log=self.log)
+      self.state = init_state(params, self.optimizer, self.state.key, dict(self.state.extra))
+      self.host_state["warm_start_s"] = time.perf_counter() - t0
+    elif c.warm_start.num_steps > 0:
       t0 = time.perf_counter()
       self.log(f"warm start: {c.warm_start.num_steps} supervised steps (the first compiles) ...")
       params, _ = sft.warm_start(
@@ -226,7 +238,8 @@ class Trainer:
     cmask = batch.completion_mask[rows]
     t = cmask.shape[1]
     adv = np.asarray(batch.advantages[rows])
-    adv = (adv[:, None] if adv.ndim == 1 else adv) * cmask  # sequence [B] or token [B, T]
+    # [B] sequence advantages broadcast to the tokens; [B, T] (turn credit) used as they are.
+    adv = (adv if adv.ndim == 2 else adv[:, None]) * cmask
     sampler_logp = batch.sampler_logp[rows]
     extras = {
       k: jnp.asarray(v[rows]) for k, v in batch.scores.items() if k not in ("old_logp", "ref_logp")
@@ -257,13 +270,14 @@ class Trainer:
     t0 = time.perf_counter()
     step_key = jax.random.fold_in(self.state.key, step)
     adv_state = self.state.extra.get("riskpo")
+    prm = {"prm_params": self.state.extra["prm_params"]} if self.prm_step is not None else {}
     batch, adv_state = self.collector.collect(
       self.state.params,
       key=step_key,
       ref_params=self.state.extra.get("ref_params"),
       need_old=self.updates_per_step > 1,
       adv_state=adv_state,
-      prm_params=self.state.extra.get("prm_params"),
+      **prm,
     )
     if adv_state is not None:
       self.state = self.state.replace(extra={**self.state.extra, "riskpo": adv_state})
@@ -333,7 +347,10 @@ class Trainer:
   def evaluate(self) -> dict:
     t0 = time.perf_counter()
     with self.layout.context():
-      out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
+      if self.multiturn:
+        out = self.collector.evaluate(self.state.params)
+      else:
+        out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
     out["eval/time_s"] = time.perf_counter() - t0
     return out
 
@@ -356,7 +373,12 @@ class Trainer:
       drop_eval_at=c.rl.num_steps if start == c.rl.num_steps else None,
     )
     if self.host_state.get("eval_before") is None:
-      self.log(f"evaluating {len(self.heldout)} held-out problems (compiles the sampler) ...")
+      what = (
+        f"{c.env.num_eval} held-out episodes"
+        if self.multiturn
+        else (f"{len(self.heldout)} held-out problems")
+      )
+      self.log(f"evaluating {what} (compiles the sampler) ...")
       before = self.evaluate()
       self.host_state["eval_before"] = before
       writer.write(0, before)
@@ -407,7 +429,8 @@ class Trainer:
     if c.logging.plot and stop == c.rl.num_steps:
       from rlvr_jax.train import plotting
 
-      path = plotting.plot_runs([c.workdir], os.path.join(c.workdir, "curves.png"))
+      panels = plotting.MULTITURN_PANELS if self.multiturn else plotting.PANELS
+      path = plotting.plot_runs([c.workdir], os.path.join(c.workdir, "curves.png"), panels=panels)
       self.log(f"curves: {path}")
       summary["plot"] = path
     return summary
@@ -416,6 +439,8 @@ class Trainer:
     self.checkpointer.close()
     if self.runtime is not None:
       self.runtime.close()
+    if self.multiturn and hasattr(self, "collector"):
+      self.collector.close()
 
 
 def _quiet(_: str) -> None:

@@ -24,6 +24,15 @@ PANELS = (
   ("completion length", ("length/mean",)),
   ("step time (s)", ("time/step",)),
 )
+# Multi-turn runs (config.env.id set): episodes instead of completions.
+MULTITURN_PANELS = (
+  ("train success / return", ("episode/success", "reward/mean")),
+  ("train mean turns", ("episode/turns_mean",)),
+  ("held-out success", ("eval/greedy_success", "eval/sampled_success")),
+  ("held-out mean turns", ("eval/greedy_turns", "eval/sampled_turns")),
+  ("entropy", ("entropy/mean",)),
+  ("step time (s)", ("time/step",)),
+)
 
 
 def _series(records, name, smooth: int):
@@ -37,14 +46,16 @@ def _series(records, name, smooth: int):
   return list(xs), list(ys)
 
 
-def plot_runs(run_dirs, out_path: str, *, labels=None, smooth: int = 5, title: str = "") -> str:
+def plot_runs(
+  run_dirs, out_path: str, *, labels=None, smooth: int = 5, title: str = "", panels=PANELS
+) -> str:
   """Write the curves of ``run_dirs`` to ``out_path`` (PNG); returns the path."""
   labels = labels or [os.path.basename(os.path.normpath(d)) for d in run_dirs]
   runs = [metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl")) for d in run_dirs]
   methods = sorted({lab.rsplit("_s", 1)[0] for lab in labels})
   colours = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
   fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-  for ax, (panel, names) in zip(axes.flat, PANELS, strict=True):
+  for ax, (panel, names) in zip(axes.flat, panels, strict=True):
     for label, records in zip(labels, runs, strict=True):
       colour = colours[label.rsplit("_s", 1)[0]]
       for j, name in enumerate(names):

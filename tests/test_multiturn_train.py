@@ -1,0 +1,115 @@
+"""The multi-turn trainer wiring (``train.multiturn``): the batch the train step consumes (action
+tokens only in the loss, failed episodes excluded and counted), episode and turn credit, config
+errors, and a short run through the training loop with its metrics."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import loop
+from rlvr_jax.train.multiturn import MultiTurnCollector, episode_returns, turn_token_advantages
+
+ALPHABET = "0123456789 :,?abcdefghijklmnopqrstuvwxyz"
+
+
+def _config(tmp_path, **env):
+  c = config_lib.tiny_config(
+    tmp_path,
+    tokenizer=dict(alphabet=ALPHABET),
+    rl=dict(num_steps=2, prompts_per_step=2, zero_variance="keep"),
+    sampling=dict(num_samples=4),
+  )
+  c.env.update(id="env_fixtures:FailAtTurnEnv", max_turns=4, max_tokens=40, turn_tokens=4,
+               plain_template=" {obs} ", num_workers=1, step_timeout_s=5.0, chunk_steps=2,
+               num_eval=8)  # fmt: skip
+  c.env.kwargs.update(turn=2, mode="raise", num_turns=3, every=2)
+  c.env.update(**env)
+  return c
+
+
+def test_unknown_env_id_is_a_config_error_naming_the_choices(tmp_path):
+  c = _config(tmp_path, id="guess_numbr")
+  with pytest.raises(config_lib.ConfigError, match="config.env.id.*guess_number"):
+    config_lib.validate(c)
+  with pytest.raises(config_lib.ConfigError, match="env.credit"):
+    config_lib.validate(_config(tmp_path, credit="per_token"))
+  config_lib.validate(_config(tmp_path))
+
+
+def test_returns_and_turn_credit():
+  r = np.array([[0.0, 1.0, np.nan], [0.5, np.nan, np.nan], [np.nan] * 3], np.float32)
+  np.testing.assert_allclose(episode_returns(r, mode="final", gamma=1.0)[:2], [1.0, 0.5])
+  np.testing.assert_allclose(episode_returns(r, mode="sum", gamma=1.0)[:2], [1.0, 0.5])
+  np.testing.assert_allclose(episode_returns(r, mode="discounted", gamma=0.5)[:2], [0.5, 0.5])
+  assert np.isnan(episode_returns(r, mode="discounted", gamma=0.5)[2])
+  # Turn credit: per (prompt, turn index) z-scores on each turn's action tokens, 0 elsewhere.
+  batch = {
+    "turn_rewards": np.array([[1.0, 0.0], [0.0, 0.0]], np.float32),
+    "turn_index": np.array([[1, 1, 0, 2], [1, 0, 2, 2]], np.int32),
+  }
+  adv = turn_token_advantages(batch, group_size=2, gamma=1.0, valid=np.array([True, True]))
+  assert adv[0, 0] == adv[0, 1] > 0 > adv[1, 0]
+  assert adv[0, 2] == 0 and adv[1, 1] == 0  # observation tokens
+  assert adv[0, 3] == 0 and (adv[1, 2:] == 0).all()  # turn 2: equal returns
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A 2-step run on an env whose episodes with an even seed raise at turn 2."""
+  d = tmp_path_factory.mktemp("mt_run")
+  c = _config(d)
+  summary = loop.train(c, log=lambda s: None)
+  with open(os.path.join(d, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return c, summary, records
+
+
+@pytest.mark.slow  # a whole Trainer (warm start off): ~40 s of compiles on 2 cores
+def test_short_run_logs_episode_metrics_and_keeps_parity(trained):
+  c, summary, records = trained
+  steps = [r for r in records if "episode/turns_mean" in r]
+  assert len(steps) == 2
+  for r in steps:
+    for k in ("episode/success", "episode/tool_calls_mean", "env/fail_frac", "env/step_time_s",
+              "env/fail/exception", "loss"):  # fmt: skip
+      assert k in r, k
+    # Sampler / trainer parity on interleaved sequences, inside the train step itself.
+    assert r["logp_gap/max"] <= 1e-5
+  # Failed episodes (groups of 4 rows share a seed) are counted and the run goes on.
+  fails = [r["env/fail/exception"] for r in steps]
+  assert 0 < sum(fails) < 16 and all(f % 4 == 0 for f in fails)
+  assert [r["env/fail_frac"] for r in steps] == [f / 8 for f in fails]
+  assert "eval/greedy_turns" in summary["eval_after"]
+
+
+def test_collected_batch_trains_action_tokens_of_healthy_episodes_only(tmp_path):
+  c = _config(tmp_path)
+  from rlvr_jax.train import build
+
+  tok, params, mcfg = build.build_tokenizer_and_model(c)
+  col = MultiTurnCollector(config=c, model_config=mcfg, tokenizer=tok)
+  try:
+    import jax
+
+    batch, _ = col.collect(params, key=jax.random.key(5))
+    eb = col.play(params, [0, 1, 2, 3], key=jax.random.key(5), group_size=4)
+  finally:
+    col.close()
+  failed = ~np.isfinite(batch.rewards.reshape(-1))
+  assert failed.any() and not failed.all()
+  assert not batch.completion_mask[failed].any()
+  assert batch.completion_mask[~failed].sum(1).min() > 0
+  # Observations are in the stream (context) but never in the completion mask.
+  stream = eb.collate(pad_id=tok.pad_id)
+  assert (stream["token_mask"] & ~stream["policy_mask"]).any()
+  assert batch.tokens.shape[1] == c.env.max_tokens
+  assert batch.metrics["env/fail_frac"] == failed.mean()
+  # GRPO on the return: zero-mean advantages over the healthy rows of each group.
+  adv = batch.advantages.reshape(c.rl.prompts_per_step, -1)
+  ok = ~failed.reshape(adv.shape)
+  for p in range(adv.shape[0]):
+    assert abs(adv[p][ok[p]].sum()) < 1e-4
+    assert (adv[p][~ok[p]] == 0).all()

@@ -1,0 +1,116 @@
+"""Multi-turn rollout throughput against single-turn ``generate`` on the same token count.
+
+Multi-turn: B episodes of the ``scripted`` env, K turns of exactly A action tokens each (no stop
+token can be sampled: the stop table holds an id outside the vocabulary) and a fixed observation
+of n_obs tokens between turns, decoded by ``sampling.multiturn_rollout.rollout_episodes`` (KV-cache
+continuation, env steps in worker processes, chunked decode). Single-turn: ``sampling.generate``
+of B rows with max_new_tokens = K * A + (K - 1) * n_obs, no stop, from the same prompts. Both produce
+streams of the same length after the prompt; the table gives stream tokens per second (actions +
+observations) and the ratio multi / single. Runs alternate (single, multi, single, multi, ...)
+after a compile run of each, so the machine's drift hits both; medians over ``--rounds``.
+
+Usage (record ``uptime``: the 2-core machine is shared):
+  .venv/bin/python tools/bench_multiturn.py --batch 16 --turns 4 --action-tokens 16 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rlvr_jax import envs  # noqa: E402
+from rlvr_jax.data.char_tokenizer import CharTokenizer  # noqa: E402
+from rlvr_jax.model import ModelConfig, init_params  # noqa: E402
+from rlvr_jax.sampling import Temperature, generate  # noqa: E402
+from rlvr_jax.sampling.multiturn_rollout import rollout_episodes  # noqa: E402
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--batch", type=int, default=16)
+  ap.add_argument("--turns", type=int, default=4)
+  ap.add_argument("--action-tokens", type=int, default=16)
+  ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--hidden", type=int, default=256)
+  ap.add_argument("--layers", type=int, default=4)
+  ap.add_argument("--chunk-steps", type=int, default=8)
+  args = ap.parse_args()
+  tok = CharTokenizer("0123456789 :,?abcdefghijklmnopqrstuvwxyz")
+  config = ModelConfig.tiny(
+    vocab_size=tok.vocab_size, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+    num_layers=args.layers, num_heads=8, num_kv_heads=4, head_dim=args.hidden // 8,
+    eos_token_ids=(tok.eos_id,), max_position_embeddings=4096,
+  )  # fmt: skip
+  params = init_params(config, jax.random.key(0))
+  B, K, A = args.batch, args.turns, args.action_tokens
+  renderer = envs.PlainRenderer(tok, template=" {obs} ")
+  obs = "x" * 10  # the scripted env's observation: fixed text, fixed token count
+  spec = envs.EnvSpec("scripted", {"num_turns": K, "prompt": "start {seed}", "template": obs})
+  n_obs = len(renderer.observation_ids(obs))
+  total = K * A + (K - 1) * n_obs
+  never = [[tok.vocab_size]]  # an id the model cannot sample: every turn runs to its budget
+  prompts = [renderer.prompt_ids(f"start {s}") for s in range(B)]
+  ids, mask = tok.encode_batch([""] * B, add_special_tokens=False, pad_to=16)
+  for b, p in enumerate(prompts):
+    ids[b, 16 - len(p) :], mask[b, 16 - len(p) :] = p, True
+  strategy = Temperature(1.0)
+
+  with envs.EnvPool(spec, num_workers=2) as pool:
+
+    def multi():
+      t0 = time.perf_counter()
+      eb = rollout_episodes(
+        params, pool, renderer, config=config, strategy=strategy, key=jax.random.key(1),
+        seeds=list(range(B)), decode=tok.decode, max_tokens=total, turn_tokens=A,
+        stop_sequences=never, pad_id=tok.pad_id, max_turns=K, chunk_steps=args.chunk_steps,
+        buckets=(16,), obs_buckets=(n_obs,), cache_buckets=(16 + total + A,),
+      )  # fmt: skip
+      wall = time.perf_counter() - t0
+      n = eb.collate(pad_id=0)["token_mask"].sum()
+      assert n == B * total, (n, B * total)
+      return wall, eb.metrics
+
+    def single():
+      t0 = time.perf_counter()
+      r = generate(
+        params, ids, mask, config=config, num_samples=1, strategy=strategy, key=jax.random.key(1),
+        max_new_tokens=total, stop_tokens=[tok.vocab_size], pad_id=0, buckets=(16,),
+      )  # fmt: skip
+      jax.block_until_ready(r.tokens)
+      wall = time.perf_counter() - t0
+      assert int(np.asarray(r.lengths).sum()) == B * total
+      return wall
+
+    multi(), single()  # compile
+    m_times, s_times, ratios, last = [], [], [], None
+    for _ in range(args.rounds):
+      s = single()
+      m, last = multi()
+      s_times.append(s)
+      m_times.append(m)
+      ratios.append(s / m)
+  tps = lambda t: B * total / t
+  print(f"B={B} turns={K} action_tokens={A} obs_tokens={n_obs} stream_tokens/row={total} "
+        f"model D={args.hidden} L={args.layers} V={tok.vocab_size}")  # fmt: skip
+  print(f"single-turn generate : median {statistics.median(s_times):.3f} s  "
+        f"{tps(statistics.median(s_times)):.0f} tok/s")  # fmt: skip
+  print(f"multi-turn rollout   : median {statistics.median(m_times):.3f} s  "
+        f"{tps(statistics.median(m_times)):.0f} tok/s")  # fmt: skip
+  print(f"multi / single throughput: median {statistics.median(ratios):.2f} "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
+  print(
+    f"last multi-turn breakdown: decode {last['decode_s']:.3f} s, append {last['append_s']:.3f}"
+    f" s, env wait {last['env_wait_s']:.3f} s, env step {last['env_step_s']:.3f} s, "
+    f"cache slots {last['cache_slots']} (holes {last['holes']} of {last['cache_slots'] * B})"
+  )
+
+
+if __name__ == "__main__":
+  main()
