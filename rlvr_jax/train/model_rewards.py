@@ -131,3 +131,28 @@ def combine_rewards(host: np.ndarray, model: np.ndarray, cfg) -> np.ndarray:
   if cfg.replace:
     return model
   return np.asarray(host, np.float32) + model
+
+
+def score(fn, cfg, tokenizer, params, rollout, answers) -> dict:
+  """Dispatches ``fn`` on a rollout: {"model_reward": [B], "model_reward/<diagnostic>": [B]}
+  (device arrays; the reference kinds tokenise ``answers`` on the host first)."""
+  ref = ref_mask = None
+  if cfg.name in REFERENCE_KINDS:
+    ref, ref_mask = reference_ids(tokenizer, answers, pad_id=tokenizer.pad_id)
+  got = fn(
+    params, rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, rollout.completion_mask,
+    ref, ref_mask, None,
+  )  # fmt: skip
+  return {
+    ("model_reward" if k == "model_reward" else f"model_reward/{k}"): v for k, v in got.items()
+  }
+
+
+def apply(scores: dict, host_rewards: np.ndarray, cfg) -> tuple[np.ndarray, dict]:
+  """Pops the model-reward entries from the host ``scores``; returns ([B] combined rewards,
+  metrics ``reward/model/mean`` and ``reward/model/<diagnostic>``)."""
+  model = scores.pop("model_reward")
+  metrics = {"reward/model/mean": float(np.mean(model))}
+  for key in [k for k in scores if k.startswith("model_reward/")]:
+    metrics[f"reward/model/{key.split('/', 1)[1]}"] = float(np.mean(scores.pop(key)))
+  return combine_rewards(host_rewards, model, cfg), metrics

@@ -229,15 +229,11 @@ class Collector:
     if prm_params is not None:  # PRIME's implicit PRM (a second parameter tree)
       out["prm_logp"], _ = self.score_fn(prm_params, tokens, positions, t)
     if self.model_reward_fn is not None:
-      ref = ref_mask = None
-      if self.c.model_reward.name in model_rewards_lib.REFERENCE_KINDS:
-        ref, ref_mask = model_rewards_lib.reference_ids(self.tokenizer, answers, pad_id=self.pad_id)
-      got = self.model_reward_fn(
-        params, rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens,
-        rollout.completion_mask, ref, ref_mask, None,
-      )  # fmt: skip
-      out.update({("model_reward" if k == "model_reward" else f"model_reward/{k}"): v
-                  for k, v in got.items()})  # fmt: skip
+      out.update(
+        model_rewards_lib.score(
+          self.model_reward_fn, self.c.model_reward, self.tokenizer, params, rollout, answers
+        )
+      )
     if self.c.objective.name == "lp_reg":
       out["proxy_logp"] = proxy_logp_fn(self.model_config)(params, tokens, positions, t)
     return out
@@ -287,14 +283,11 @@ class Collector:
       scores = {k: np.asarray(v) for k, v in scores.items()}
       rewards = result.rewards.reshape(P, G_gen)
       if "model_reward" in scores:  # R = R_host + w R_model (or w R_model with replace)
-        model_r = scores.pop("model_reward")
-        rewards = model_rewards_lib.combine_rewards(
-          result.rewards, model_r, self.c.model_reward
-        ).reshape(P, G_gen)
-        reward_metrics[-1] = {**reward_metrics[-1], "reward/model/mean": float(np.mean(model_r))}
-        for k in [k for k in scores if k.startswith("model_reward/")]:
-          extra = scores.pop(k)
-          reward_metrics[-1][f"reward/model/{k.split('/', 1)[1]}"] = float(np.mean(extra))
+        rewards, model_metrics = model_rewards_lib.apply(
+          scores, result.rewards, self.c.model_reward
+        )
+        rewards = rewards.reshape(P, G_gen)
+        reward_metrics[-1] = {**reward_metrics[-1], **model_metrics}
       correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
       correct = correct.reshape(P, G_gen)
       greedy = rewards[:, G] if remax else np.full(P, np.nan, np.float32)
