@@ -26,7 +26,7 @@ from rlvr_jax.types import pytree_dataclass
 
 sg = jax.lax.stop_gradient
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "k3_is")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3_is", "abs")
 
 # ----------------------------------------------------------------------------------------------
 # KL to the reference (§4.1).
@@ -47,6 +47,9 @@ def kl_estimate(
     (the forward KL).
   * ``k3_is`` = r k3 with r = exp(logp - sg(old_logp)) (old_logp defaults to sg(logp)): value k3
     on-policy, gradient unbiased for grad KL(pi || ref) (TRL ``use_bias_correction_kl``).
+  * ``abs`` = |d|: verl ``kl_penalty='abs'``; not an unbiased KL estimate (its mean is the mean
+    absolute log-ratio, >= |KL|), gradient sign(d) (0 at d = 0): an L1 pull towards the
+    reference, constant in size however close.
 
   Returns [B, T] float32, differentiable in ``logp``.
   """
@@ -57,6 +60,8 @@ def kl_estimate(
     return d
   if estimator == "k2":
     return 0.5 * d * d
+  if estimator == "abs":
+    return d * sg(jnp.sign(d))  # |d| with the subgradient pinned to 0 at d = 0 (jnp.abs: 1)
   k3 = jnp.exp(-d) - 1.0 + d
   if estimator == "k3":
     return k3
@@ -226,6 +231,8 @@ def siren_penalty(
   whose values sum to the penalty and whose gradients sum to the exact gradient (``share`` is the
   micro-batch's fraction of the normaliser). Without it the micro-batch is taken to be the step.
 
+  A batch without valid tokens gives penalty 0 (with ``selected_entropy``, its share is 0).
+
   Returns:
     ``(partial penalty, H_sel partial)`` scalars.
   """
@@ -237,7 +244,9 @@ def siren_penalty(
     h * mask, mask, mode=mode, num_tokens=num_tokens, num_seqs=num_seqs, seq_norm_constant=1.0
   )
   if selected_entropy is None:
-    return coef * (part - anchor) ** 2, part
+    # Nothing to regularise on a batch without valid tokens: 0, not the constant coef * anchor^2.
+    # (The release divides by the empty count; this library's other terms are 0 there too.)
+    return jnp.where(jnp.sum(n_valid) > 0, coef * (part - anchor) ** 2, 0.0), part
   if mode == "token_mean":
     share = safe_div(jnp.sum(n_valid), num_tokens)
   else:

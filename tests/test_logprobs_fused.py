@@ -238,6 +238,8 @@ def _recipe_inputs(name, logp, old, adv, mask, entropy, rng):
     extra = {"seq_norm_constant": float(t)}
   if name == "siren":
     extra["siren_anchor"] = jnp.float32(1.0)
+  if name == "adaptive_entropy":  # the coefficient its MethodState gives the step
+    extra = {"adaptive_entropy_coef": jnp.float32(0.02)}
   if name in ("clip_cov", "kl_cov"):  # select a visible share of the tokens
     extra = (
       {"clip_cov_ratio": 0.3, "cov_low": -10.0} if name == "clip_cov" else {"kl_cov_ratio": 0.3}

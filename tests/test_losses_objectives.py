@@ -51,6 +51,7 @@ HYPER = {
   "high_entropy": dict(top_entropy_frac=0.3),
   "lp_reg": dict(lp_reg_frac=0.5),
   "siren": dict(siren_anchor=1.0),
+  "adaptive_entropy": dict(adaptive_entropy_coef=0.02),
 }
 COMMON = dict(kl_coef=0.05, entropy_coef=0.01, mismatch="token_truncate", group_size=G,
               seq_norm_constant=float(T))  # fmt: skip
@@ -113,13 +114,14 @@ def test_registry_has_the_recipes_with_one_signature():
   with pytest.raises(ValueError, match="unknown objective"):
     losses.step_statistics("grpo2", *(jnp.zeros((1, 2)),) * 3, jnp.ones((1, 2), bool))
   assert losses.step_statistics("grpo", *(jnp.zeros((1, 2)),) * 3, jnp.ones((1, 2), bool)) == {}
-  for name, fn in losses.OBJECTIVES.items():
-    params = inspect.signature(fn).parameters
+  for name, spec in losses.OBJECTIVES.items():
+    assert isinstance(spec, losses.ObjectiveSpec) and spec.name == name
+    params = inspect.signature(spec).parameters
     assert list(params)[:4] == ["logp", "old_logp", "advantages", "completion_mask"], name
     for kw in ("num_tokens", "num_seqs", "ref_logp", "sampler_logp", "entropy", "mean_log_softmax"):
       assert params[kw].kind is inspect.Parameter.KEYWORD_ONLY, (name, kw)
     assert params["num_tokens"].default is inspect.Parameter.empty
-    assert fn.__doc__ and "arXiv" in fn.__doc__ or name == "ppo", name
+    assert spec.fn.__doc__ and spec.paper, name  # every method names its reference
 
 
 # ---------------------------------------------------------------------------------------------

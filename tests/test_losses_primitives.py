@@ -46,7 +46,7 @@ AGG_M = np.array([[1, 1, 0], [1, 1, 1]], bool)
 @pytest.mark.parametrize(
   "mode,value",
   [("token_mean", 3.6), ("seq_mean_token_mean", 3.25), ("seq_mean_token_sum", 9.0),
-   ("seq_mean_token_sum_norm", 2.25)],
+   ("seq_mean_token_sum_norm", 2.25), ("token_sum", 18.0)],
 )  # fmt: skip
 def test_aggregate_golden_and_microbatch_split(mode, value):
   kw = dict(mode=mode, num_tokens=5.0, num_seqs=2.0, seq_norm_constant=4.0)
@@ -70,6 +70,7 @@ def test_aggregate_numpy_reference_and_empty_rows():
     "seq_mean_token_mean": sum(rows[b] / n[b] for b in range(5) if n[b]) / n_seq,
     "seq_mean_token_sum": rows.sum() / n_seq,
     "seq_mean_token_sum_norm": rows.sum() / (n_seq * c),
+    "token_sum": rows.sum(),  # verl token-sum: (loss * mask).sum()
   }
   for mode, want in ref.items():
     fn = lambda x, mode=mode: losses.aggregate(

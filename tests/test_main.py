@@ -62,7 +62,8 @@ def test_help_without_a_config_shows_base_defaults():
      "did you mean 'cosine'?"),
     # incompatible options: both fields
     (["--config.objective.name=copo"],
-     "error: config.rl.advantage: the copo objective and the copo advantage go together"),
+     "error: config.rl.advantage: objective 'copo' reads ['global_advantages', 'local_weight'] "
+     "from the estimator and estimator 'grpo' returns []"),
   ],
 )  # fmt: skip
 def test_invalid_config_is_one_line_and_exit_2(args, expected, tmp_path):

@@ -10,6 +10,7 @@ from ml_collections import config_flags
 
 from rlvr_jax import losses
 from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import methods
 
 EXPERIMENTS = sorted(glob.glob("experiments/*.py"))
 
@@ -78,7 +79,7 @@ def test_every_objective_hyperparameter_is_overridable():
   known = config_lib.objective_hyperparameters()
   for name, fn in losses.OBJECTIVES.items():
     for p in inspect.signature(fn).parameters.values():
-      if p.kind == p.KEYWORD_ONLY and p.name not in config_lib._ARRAY_INPUTS:
+      if p.kind == p.KEYWORD_ONLY and p.name not in methods.array_kwargs():
         assert p.name in known, (name, p.name)
   assert known["clip_high"] is float and known["loss_agg_mode"] is str
 

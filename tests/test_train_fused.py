@@ -23,7 +23,7 @@ def _step(objective, fused_loss, kwargs, *, num_microbatches=2, on_policy=False)
   )
   batch, cmask = _batch(3)
   num_tokens, num_seqs = float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
-  extra = step_lib.init_siren_extra() if objective == "siren" else None
+  extra = step_lib.init_extra(objective, kwargs) or None
   state, metrics = step(_state(opt, extra), batch, num_tokens, num_seqs, jax.random.key(5))
   return jax.device_get(state.params), jax.device_get(metrics)
 

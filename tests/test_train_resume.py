@@ -23,7 +23,9 @@ def _config(workdir):
     workdir,
     # Two updates per rollout batch (exercises old log-probs and the per-epoch shuffle) and the
     # stateful RiskPO advantage (its quantile tracker must survive the restart).
-    rl=dict(num_steps=N, num_minibatches=2, advantage="riskpo", riskpo_bundle_size=2),
+    rl=dict(
+      num_steps=N, num_minibatches=2, advantage="riskpo", advantage_kwargs=dict(bundle_size=2)
+    ),  # fmt: skip
     objective=dict(name="dapo"),
     optim=dict(learning_rate=3e-2),
     checkpoint=dict(every=1, keep=2),
@@ -58,9 +60,9 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
   for a, b in zip(jax.tree.leaves(full_params), jax.tree.leaves(resumed_params), strict=True):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(
-    full_state.extra["riskpo"].quantiles, resumed_state.extra["riskpo"].quantiles
+    full_state.extra["estimator"].quantiles, resumed_state.extra["estimator"].quantiles
   )
-  assert bool(full_state.extra["riskpo"].initialized)
+  assert bool(full_state.extra["estimator"].initialized)
   full = _comparable(read_jsonl(str(tmp_path / "full" / "metrics.jsonl")))
   resumed = _comparable(read_jsonl(str(tmp_path / "resumed" / "metrics.jsonl")))
   assert [r["step"] for r in full] == [0, 1, 2, 3, 4, 4]  # eval before, 4 steps, eval after

@@ -67,7 +67,7 @@ def _run(objective, num_microbatches, *, on_policy=False, kwargs=None, seed=0):
   )
   batch, cmask = _batch(seed)
   num_tokens, num_seqs = float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
-  extra = step_lib.init_siren_extra() if objective == "siren" else None
+  extra = step_lib.init_extra(objective, kwargs) or None
   state, metrics = step(_state(opt, extra), batch, num_tokens, num_seqs, jax.random.key(5))
   return state, jax.device_get(metrics)
 
@@ -88,9 +88,9 @@ def test_microbatched_step_equals_full_batch(objective, kwargs):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   for key in ("loss", "grad_norm", "update_norm", "ratio/mean", "clip_frac/high", "ratio/max"):
     np.testing.assert_allclose(m_full[key], m_split[key], rtol=1e-5, atol=1e-6, err_msg=key)
-  if objective == "siren":  # the anchor was set (from NaN) to the step's H_sel, split-invariant
-    assert np.isfinite(float(full.extra["siren_anchor"]))
-    np.testing.assert_allclose(full.extra["siren_anchor"], split.extra["siren_anchor"], rtol=1e-6)
+  if objective == "siren":  # its state, the anchor, was set (from NaN) to the step's H_sel
+    assert np.isfinite(float(full.extra["objective"]))
+    np.testing.assert_allclose(full.extra["objective"], split.extra["objective"], rtol=1e-6)
 
 
 def test_step_changes_params_and_reports_norms():

@@ -39,20 +39,25 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   group normalisation shared by CM2 / MatchTIR / A2TGPO / MAPO), ``mapo_advantages``,
   ``matchtir_advantages``, ``a2tgpo_advantages`` (+ ``depth_scaled_returns``, ``turn_clip_range``),
   ``geometric_outcome_credit`` (EAPO), ``gated_return`` (G-RA), ``turn_values_to_tokens``;
-* ``SEQUENCE_ESTIMATORS``: name -> function for the estimators that need only the rewards;
+* ``ESTIMATORS``: name -> ``EstimatorSpec``, the one table (what each estimator reads, its level,
+  its extra outputs for the objective, its state); ``register_estimator`` adds one;
+  ``SEQUENCE_ESTIMATORS`` is the view name -> function of those that read only the rewards;
 * helpers: ``to_tokens`` ([P, G] -> [B, T] times the mask), ``to_groups``, ``valid_mask``,
   ``masked_whiten``, ``discounted_returns``, ``zero_variance_groups``, ``handle_zero_variance``,
   ``gradient_group_fraction``, ``zero_variance_metrics``, ``pass_at_k`` (metric).
 
-Parts (this ``__init__`` is only the public API and ``SEQUENCE_ESTIMATORS``; the code is in):
+Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (``ESTIMATORS``),
+``baselines`` (verl's OPO, GPG, GDPO and optimal-token baselines; each registers its own spec),
+``filters`` (``GROUP_FILTERS``: rollout group filters, constant outcome and pass rate),
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
 (REINFORCE++, its baseline variant, GAE), ``process`` (dense credit: PRIME, PURE, step
-segmentation), ``std_filter`` (RLPR's std filter), ``turns`` (turn-level returns and advantages). The package imports only jax
-(``tests/test_import_rules.py`` checks it).
+segmentation), ``std_filter`` (RLPR's std filter), ``turns`` (turn-level returns and
+advantages). The package imports only jax (``tests/test_import_rules.py`` checks it).
 """
 
+from rlvr_jax.advantages import baselines  # noqa: F401  (registers verl's extra baselines)
 from rlvr_jax.advantages.common import (
   gradient_group_fraction,
   handle_zero_variance,
@@ -62,6 +67,12 @@ from rlvr_jax.advantages.common import (
   valid_mask,
   zero_variance_groups,
   zero_variance_metrics,
+)
+from rlvr_jax.advantages.filters import (
+  DEFAULT_GROUP_FILTER,
+  GROUP_FILTERS,
+  GroupFilter,
+  register_filter,
 )
 from rlvr_jax.advantages.group import (
   CopoAdvantages,
@@ -90,6 +101,16 @@ from rlvr_jax.advantages.process import (
   pure_advantages,
   segment_steps,
   token_rloo_returns,
+)
+from rlvr_jax.advantages.registry import (
+  DEFAULT_ESTIMATOR,
+  ESTIMATORS,
+  READS,
+  SEQUENCE_ESTIMATORS,
+  Estimate,
+  EstimatorSpec,
+  get_estimator,
+  register_estimator,
 )
 from rlvr_jax.advantages.riskpo import (
   DEFAULT_LEVELS,
@@ -123,21 +144,19 @@ from rlvr_jax.advantages.turns import (
   turn_values_to_tokens,
 )
 
-# The one explicit name -> function map for configs, for the estimators that need nothing but the
-# rewards: each is called as ``fn(rewards [P, G], *, valid=None, **hyperparameters) -> [P, G]``.
-# Keys follow verl's ``adv_estimator`` names where verl has the method.
-SEQUENCE_ESTIMATORS = {
-  "grpo": grpo_advantages,
-  "dr_grpo": dr_grpo_advantages,
-  "lite_ppo": lite_ppo_advantages,
-  "rloo": rloo_advantages,
-  "passk_training": passk_training_advantages,
-  "pkpo": pkpo_advantages,
-  "grpo_passk": max_at_g_advantages,
-}
-
 __all__ = [
+  "DEFAULT_ESTIMATOR",
+  "DEFAULT_GROUP_FILTER",
+  "ESTIMATORS",
+  "GROUP_FILTERS",
+  "GroupFilter",
+  "register_filter",
+  "READS",
   "SEQUENCE_ESTIMATORS",
+  "Estimate",
+  "EstimatorSpec",
+  "get_estimator",
+  "register_estimator",
   "DEFAULT_LEVELS",
   "CopoAdvantages",
   "RiskPOState",

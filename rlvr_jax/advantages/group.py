@@ -97,6 +97,12 @@ def grpo_advantages(
 
   Zero-variance and single-valid-sample groups get A = 0 (verl gives A = R for G = 1).
   Shapes: rewards, valid [P, G] -> [P, G] float32. verl ``grpo``; TRL ``scale_rewards="group"``.
+
+  ε: 1e-6 as verl (``compute_grpo_outcome_advantage``) and the paper's code; TRL adds 1e-4. Kept:
+  groups of equal rewards are already exactly 0 here (no ε needed), and for a non-constant group
+  ε only matters when std_g < ~1e-3, where TRL's 1e-4 shrinks |A| by up to 10 % at std 1e-3
+  (binary rewards never get there: std_g >= 1/sqrt(G), 0.25 at G = 16). Pass ``epsilon=1e-4``
+  for TRL.
   Constant for the loss: differentiable in principle, the trainer stop-gradients it.
   """
   return group_normalized_advantages(

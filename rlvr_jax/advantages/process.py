@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.advantages import common
+from rlvr_jax.advantages.registry import Estimate, EstimatorSpec, register_estimator
 from rlvr_jax.advantages.token_level import (
   _check_tokens,
   _outcome_on_last_token,
@@ -342,3 +343,26 @@ def pure_advantages(
   adv = token_rloo_returns(credit, mask, group_size=group_size, valid=ok, gamma=gamma)
   adv = adv + discounted_returns(extra, mask & row_ok[:, None], gamma=gamma)
   return _whiten(adv, mask & row_ok[:, None], whiten, std_ddof, epsilon, axis_name)
+
+
+def _prime_call(spec, inputs, state, hp) -> Estimate:
+  """``rl.advantage="prime"``: the token rewards are the implicit PRM's (the trainer fills them from
+  its PRM pass, ``config.prime``), the rewards the verifier's."""
+  adv = prime_advantages(
+    inputs["token_rewards"], inputs["rewards"], inputs["completion_mask"],
+    valid=inputs.get("valid"), **hp,
+  )  # fmt: skip
+  return Estimate(adv, {}, None)
+
+
+register_estimator(
+  EstimatorSpec(
+    "prime",
+    prime_advantages,
+    level="token",
+    reads=("rewards", "completion_mask", "token_rewards"),
+    call=_prime_call,
+    static=("whiten",),
+    paper="arXiv 2502.01456",
+  )
+)

@@ -11,7 +11,8 @@ Three levels:
 2. ``aggregate(per_token_loss, completion_mask, mode=..., num_tokens=..., num_seqs=...)``: the
    micro-batch's partial loss under the GLOBAL step normalisers, so summing partials over
    micro-batches and shards gives the step loss exactly.
-3. ``OBJECTIVES[name]``: one ``*_objective`` per recipe, all with one signature::
+3. ``OBJECTIVES[name]``: one ``ObjectiveSpec`` per recipe (callable: it calls its ``*_objective``),
+   all with one signature::
 
      loss, metrics = objective(logp, old_logp, advantages, completion_mask, *,
                                num_tokens, num_seqs, ref_logp=None, sampler_logp=None,
@@ -50,17 +51,22 @@ Parts (this ``__init__`` is only the public API; the code is in):
 * ``engine``: ``run_objective``, the machinery every recipe shares (mismatch weights -> policy term
   -> KL / entropy terms -> metrics) and ``CommonOptions``;
 * ``recipes`` (PPO family and ratio variants), ``recipes_entropy`` (Clip-Cov, KL-Cov, 80/20, STEER,
-  Lp-Reg, SIREN): one ``*_objective`` each;
+  Lp-Reg, SIREN), ``recipes_peers`` (verl / TRL losses: GPG, DPPO, DRO, VESPO, sequence-level
+  CISPO / SAPO, LUSPO), ``recipes_adaptive`` (stateful: adaptive entropy), each registering its
+  own spec: one ``*_objective`` each;
+* ``registry``: ``OBJECTIVES`` (name -> ``ObjectiveSpec``, the one table: the loss function, whether
+  it is token-local, its step statistics, the extra arrays it reads, its state between steps),
+  ``register_objective``, and the views ``TOKEN_LOCAL_OBJECTIVES``, ``STEP_STAT_OBJECTIVES``,
+  ``is_token_local``, ``step_statistics``.
 * ``auxiliary``: losses added next to the policy loss by reward-model methods: PRIME's implicit
   PRM cross-entropy (``implicit_prm_loss``, ``implicit_prm_score``; for a second parameter tree)
-  and LaSeR's self-reward MSE (``laser_self_reward_loss``);
-* ``registry``: ``OBJECTIVES`` (name -> objective, the one registry), ``TOKEN_LOCAL_OBJECTIVES``,
-  ``STEP_STAT_OBJECTIVES`` and ``step_statistics``.
+  and LaSeR's self-reward MSE (``laser_self_reward_loss``).
 
 The package imports only jax (and ``rlvr_jax.regularizers`` / ``rlvr_jax.types``);
 ``tests/test_import_rules.py`` checks it.
 """
 
+from rlvr_jax.losses import recipes_adaptive, recipes_peers  # noqa: F401  (they register specs)
 from rlvr_jax.losses.aggregation import (
   AGGREGATION_MODES,
   aggregate,
@@ -100,10 +106,17 @@ from rlvr_jax.losses.recipes_entropy import (
   steer_objective,
 )
 from rlvr_jax.losses.registry import (
+  DEFAULT_OBJECTIVE,
+  INPUT_SOURCES,
   OBJECTIVES,
   STEP_STAT_OBJECTIVES,
   TOKEN_LOCAL_OBJECTIVES,
+  Input,
+  MethodState,
+  ObjectiveSpec,
+  get_objective,
   is_token_local,
+  register_objective,
   step_statistics,
 )
 from rlvr_jax.losses.selection import (
@@ -134,8 +147,15 @@ from rlvr_jax.losses.surrogates import (
 
 __all__ = [
   "AGGREGATION_MODES",
+  "DEFAULT_OBJECTIVE",
+  "INPUT_SOURCES",
   "MISMATCH_MODES",
   "OBJECTIVES",
+  "Input",
+  "MethodState",
+  "ObjectiveSpec",
+  "get_objective",
+  "register_objective",
   "SCOPES",
   "STEP_STAT_OBJECTIVES",
   "TOKEN_LOCAL_OBJECTIVES",

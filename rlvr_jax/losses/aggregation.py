@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 AGGREGATION_MODES = (
   "token_mean",
+  "token_sum",
   "seq_mean_token_mean",
   "seq_mean_token_sum",
   "seq_mean_token_sum_norm",
@@ -168,6 +169,8 @@ def aggregate(
   * ``seq_mean_token_sum``:      sum_b sum_t m l / N_seq
   * ``seq_mean_token_sum_norm``: sum_b sum_t m l / (N_seq * C), C = ``seq_norm_constant`` (required;
     e.g. the maximum response length; Dr.GRPO arXiv 2503.20783)
+  * ``token_sum``:               sum_b sum_t m l (no normaliser: verl ``token-sum``; the loss and
+    the gradient grow with the number of tokens, so scale the learning rate with the batch)
 
   Args:
     per_token_loss: [B, T] float32 (already multiplied by any token weights).
@@ -187,6 +190,8 @@ def aggregate(
   rows = masked_sum(jnp.asarray(per_token_loss, jnp.float32), m, axis=-1)
   if mode == "token_mean":
     return safe_div(jnp.sum(rows), num_tokens)
+  if mode == "token_sum":
+    return jnp.sum(rows)
   if mode == "seq_mean_token_mean":
     return safe_div(jnp.sum(safe_div(rows, jnp.sum(m, axis=-1))), num_seqs)
   if mode == "seq_mean_token_sum":

@@ -98,11 +98,14 @@ def kl_cov_objective(logp, old_logp, advantages, completion_mask, *, num_tokens,
 def high_entropy_objective(logp, old_logp, advantages, completion_mask, *, num_tokens, num_seqs,
                            ref_logp=None, sampler_logp=None, entropy=None, mean_log_softmax=None,
                            top_entropy_frac=0.2, clip_low=0.2, clip_high=0.28, dual_clip=10.0,
-                           normalize_by="selected", scope="step", entropy_threshold=None,
-                           loss_agg_mode="token_mean", **options):  # fmt: skip
+                           normalize_by="selected", top_entropy_rule="top_k", scope="step",
+                           entropy_threshold=None, loss_agg_mode="token_mean",
+                           **options):  # fmt: skip
   """80/20 high-entropy token selection (arXiv 2506.01939; §3.8): the PPO loss on the top
   rho = ``top_entropy_frac`` tokens by sg(entropy). ``normalize_by='selected'`` (official code)
   divides by ceil(rho N_tok) (the number selected by an exact top-k), ``'all'`` (TRL) by N_tok.
+  ``top_entropy_rule``: 'top_k' (official, k = ceil(rho N)) or 'quantile' (TRL's (1 - rho)
+  quantile, one token fewer when rho N is not an integer; ``losses.high_entropy_threshold``).
   At 'step' scope pass ``entropy_threshold`` = ``losses.high_entropy_threshold`` over the step.
   """
   b = make_batch(logp, old_logp, advantages, completion_mask, num_tokens, num_seqs, ref_logp,
@@ -111,7 +114,8 @@ def high_entropy_objective(logp, old_logp, advantages, completion_mask, *, num_t
   check_choice("normalize_by", normalize_by, ("selected", "all"))
   h = require(b.entropy, "entropy [B, T] to select high-entropy tokens", name)
   thr = _stat(name, scope, entropy_threshold, "entropy_threshold", lambda: sel.high_entropy_threshold(
-    h, b.completion_mask, top_entropy_frac=top_entropy_frac))  # fmt: skip
+    h, b.completion_mask, top_entropy_frac=top_entropy_frac,
+    top_entropy_rule=top_entropy_rule))  # fmt: skip
   chosen = sel.high_entropy_mask(h, b.completion_mask, thr)
   n_policy = None
   if normalize_by == "selected":

@@ -30,6 +30,7 @@ from rlvr_jax.losses.aggregation import (
   kth_smallest,
   log_ratio,
   masked_mean,
+  replicated,
   sequence_mean,
   token_advantages,
 )
@@ -167,18 +168,41 @@ def clip_cov_mask(
   return cand & (noise <= stats.threshold)
 
 
-def high_entropy_threshold(
-  entropy: jax.Array, completion_mask: jax.Array, *, top_entropy_frac: float = 0.2
-) -> jax.Array:
-  """80/20 threshold: the k-th largest entropy over valid tokens, k = ceil(rho N_valid).
+TOP_ENTROPY_RULES = ("top_k", "quantile")
 
-  Beyond the 80/20 Rule, arXiv 2506.01939 (rho = ``top_entropy_frac``). Exact top-k (ties at the
-  threshold may admit a few more tokens).
+
+def high_entropy_threshold(
+  entropy: jax.Array,
+  completion_mask: jax.Array,
+  *,
+  top_entropy_frac: float = 0.2,
+  top_entropy_rule: str = "top_k",
+) -> jax.Array:
+  """80/20 threshold over the valid tokens (Beyond the 80/20 Rule, arXiv 2506.01939; rho =
+  ``top_entropy_frac``); ``high_entropy_mask`` keeps the tokens with H >= it.
+
+  * ``top_k`` (default, the official code): the k-th largest entropy, k = ceil(rho N): exactly k
+    tokens when the values are distinct.
+  * ``quantile`` (TRL ``get_high_entropy_mask``): the (1 - rho) quantile with linear
+    interpolation (``torch.quantile``), which keeps N - ceil((1 - rho)(N - 1)) tokens: one fewer
+    than ``top_k`` when rho N is not an integer (N = 4, rho = 0.3: 1 token, top_k keeps 2).
+
+  The paper's rule is the default; ``top_entropy_rule='quantile'`` reproduces TRL.
   """
   check_tokens(entropy=entropy, completion_mask=completion_mask)
+  check_choice("top_entropy_rule", top_entropy_rule, TOP_ENTROPY_RULES)
   m = as_mask(completion_mask)
-  k = jnp.ceil(top_entropy_frac * jnp.sum(m)).astype(jnp.int32)
-  return sg(kth_largest(jnp.asarray(entropy, jnp.float32), m, k))
+  h = jnp.asarray(entropy, jnp.float32)
+  if top_entropy_rule == "top_k":
+    k = jnp.ceil(top_entropy_frac * jnp.sum(m)).astype(jnp.int32)
+    return sg(kth_largest(h, m, k))
+  n = jnp.sum(m > 0)
+  ordered = jnp.sort(replicated(jnp.where(m > 0, h, jnp.inf)).reshape(-1))  # valid values first
+  pos = (1.0 - top_entropy_frac) * jnp.maximum(n - 1, 0).astype(jnp.float32)
+  lo = jnp.floor(pos).astype(jnp.int32)
+  hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+  q = ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])
+  return sg(jnp.where(n > 0, q, jnp.inf))
 
 
 def high_entropy_mask(

@@ -60,8 +60,9 @@ def ppo_clip_loss(
 
   Returns:
     ``(l [B, T], {"low", "high", "dual"} -> [B, T] bool)``: where the lower clip (A < 0,
-    r < 1 - eps_lo), the upper clip (A > 0, r > 1 + eps_hi) or the dual clip (A < 0, r > c) sets
-    the value.
+    r < 1 - eps_lo), the upper clip (A > 0, r > 1 + eps_hi) or the dual clip (A < 0,
+    max(r, clip(r)) > c, i.e. the clipped loss exceeds -A c: verl's ``pg_clipfrac_lower``) sets the
+    value; the fractions are the same for every |A|.
   """
   if dual_clip is not None and not dual_clip > 1.0:
     raise ValueError(f"dual_clip c must be > 1 (or None), got {dual_clip}")
@@ -77,7 +78,10 @@ def ppo_clip_loss(
     "dual": jnp.zeros(ratio.shape, bool),
   }
   if dual_clip is not None:
-    info["dual"] = (adv < 0) & (-adv * sg(loss) > -adv * dual_clip)
+    # verl's pg_clipfrac_lower: the clipped loss exceeds the bound -A c (for A < 0 that is
+    # max(r, clip(r)) > c). The loss already carries -A: comparing -A * loss with -A c (as this
+    # function once did) tested loss > c, right only for |A| = 1.
+    info["dual"] = (adv < 0) & (sg(loss) > -adv * dual_clip)
     loss = jnp.where(adv < 0, jnp.minimum(loss, -adv * dual_clip), loss)
   return loss, info
 
@@ -119,12 +123,17 @@ def gspo_loss(
 ) -> tuple[jax.Array, ClipInfo]:
   """GSPO sequence-level ratio (Group Sequence Policy Optimization, arXiv 2507.18071, §3.3).
 
-    s_b = exp(min(sum_t m delta / n_b, max_log_ratio)),
-    s_bt = sg(s_b) exp(logp_bt - sg(logp_bt))   (value s_b, gradient per token),
+    log s_b = sum_t m delta / n_b,
+    s_bt = exp(min(sg(log s_b) + logp_bt - sg(logp_bt), max_log_ratio))   (value min(s_b, e^10)),
     l = max(-A s_bt, -A clip(s_bt, 1 - eps_lo, 1 + eps_hi))   (no dual clip).
 
   The clip decision is shared by every token of a row; unclipped, dl/dlogp_bt = -A_bt s_b
   (A may vary per token: "GSPO-token"). Use ``seq_mean_token_mean`` aggregation.
+
+  The bound ``max_log_ratio`` clamps the value AND the gradient, as verl's ``compute_policy_loss_gspo``
+  (``torch.clamp`` of the combined log-ratio): a row whose log-ratio exceeds it gets no gradient.
+  (This library once clamped only the value, so such a row still pushed with -A e^10 per token, the
+  largest step of the batch on its most off-policy row; verl's convention is adopted.)
 
   Args:
     logp, old_logp: [B, T]; advantages: [B, T] or [B]; completion_mask: [B, T] (n_b, row means).
@@ -132,9 +141,10 @@ def gspo_loss(
   check_tokens(logp=logp, completion_mask=completion_mask)
   delta, adv = _inputs(logp, old_logp, advantages)
   m = jnp.asarray(completion_mask).astype(jnp.float32)
-  seq_log_ratio = jnp.minimum(sequence_mean(sg(delta), m), max_log_ratio)
+  seq_log_ratio = sequence_mean(sg(delta), m)
   logp = jnp.asarray(logp, jnp.float32)
-  ratio = jnp.exp(seq_log_ratio[:, None] + logp - sg(logp))
+  # Clamp value AND gradient (verl): a row past the bound carries no gradient.
+  ratio = jnp.exp(jnp.minimum(seq_log_ratio[:, None] + logp - sg(logp), max_log_ratio))
   loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
   info = _no_clip(ratio.shape)
   info["low"] = (adv < 0) & (sg(ratio) < 1.0 - clip_low)

@@ -22,6 +22,7 @@ over ``tensor`` only, so the decode loop does no per-step all-gather).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -41,7 +42,7 @@ from rlvr_jax.model import (
 )
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling.strategies import Greedy, Strategy, per_row_log_probs
-from rlvr_jax.types import Rollout
+from rlvr_jax.types import Rollout, pytree_dataclass
 
 # Powers of two and 1.5x powers of two, 16, 24, 32, 48, ..., 6144, 8192: prompts are padded by at
 # most a third (the prefill's cost grows with the padded length) at the price of two compiled
@@ -189,6 +190,44 @@ def _sample(strategy: Strategy, logits, row_keys, t, temperatures=None):
   return tokens, sampler_logp, model_logp, threshold
 
 
+@pytree_dataclass
+class DecodeBuffers:
+  """What the decode loop writes at each completion position t (all [B, T], B = P * G rows).
+
+  Attributes:
+    tokens: int32 sampled ids (``pad_id`` once a row has finished).
+    sampler_logp: float32 log-prob under the distribution sampled from (0 after the end).
+    model_logp: float32 log-prob under the model at temperature 1 (0 after the end).
+    threshold: float32 truncation threshold of the strategy (0 after the end, unused if none).
+    mask: bool, True on generated tokens up to and including the stop token.
+  """
+
+  tokens: jax.Array
+  sampler_logp: jax.Array
+  model_logp: jax.Array
+  threshold: jax.Array
+  mask: jax.Array
+
+
+@pytree_dataclass
+class DecodeState:
+  """The carry of ``generate``'s decode ``while_loop`` (one per cache phase).
+
+  Attributes:
+    buf: the ``DecodeBuffers`` written so far (positions >= t still hold their initial values).
+    done: [B] bool, the row has sampled a stop token.
+    cache: the ``KVCache`` (its length grows between phases).
+    last: [B] int32, the token sampled at position t - 1 (fed to the next decode step).
+    t: [] int32, the next completion position to sample.
+  """
+
+  buf: DecodeBuffers
+  done: jax.Array
+  cache: KVCache
+  last: jax.Array
+  t: jax.Array
+
+
 def _generate(
   params,
   prompt_tokens,
@@ -238,60 +277,65 @@ def _generate(
   repeat = lambda a: _constrain_rows(jnp.repeat(a, G, axis=0))
   logits, start, cache = repeat(logits), repeat(start), _map_cache_rows(repeat, cache)
 
-  def record(state, t, logits):
-    buf, done = state["buf"], state["done"]
+  def record(state: DecodeState, logits) -> DecodeState:
+    t = state.t
     tok, smp_logp, mdl_logp, thr = _sample(strategy, logits, row_keys, t, temperatures)
-    alive = ~done
-    columns = {
-      "tokens": jnp.where(alive, tok, pad_id),
-      "sampler_logp": jnp.where(alive, smp_logp, 0.0),
-      "model_logp": jnp.where(alive, mdl_logp, 0.0),
-      "threshold": jnp.where(alive, thr, 0.0),
-      "mask": alive,
-    }
-    buf = {k: jax.lax.dynamic_update_index_in_dim(buf[k], columns[k], t, axis=1) for k in buf}
-    done = done | (alive & jnp.any(tok[:, None] == stop_tokens[None, :], axis=1))
-    return dict(state, buf=buf, done=done, last=tok, t=t + 1)
+    alive = ~state.done
+    columns = DecodeBuffers(
+      tokens=jnp.where(alive, tok, pad_id),
+      sampler_logp=jnp.where(alive, smp_logp, 0.0),
+      model_logp=jnp.where(alive, mdl_logp, 0.0),
+      threshold=jnp.where(alive, thr, 0.0),
+      mask=alive,
+    )
+    write = lambda b, c: jax.lax.dynamic_update_index_in_dim(b, c, t, axis=1)
+    done = state.done | (alive & jnp.any(tok[:, None] == stop_tokens[None, :], axis=1))
+    buf = jax.tree.map(write, state.buf, columns)
+    return DecodeState(buf=buf, done=done, cache=state.cache, last=tok, t=t + 1)
 
-  buf = {
-    "tokens": jnp.full((B, T), pad_id, jnp.int32),
-    "sampler_logp": jnp.zeros((B, T), jnp.float32),
-    "model_logp": jnp.zeros((B, T), jnp.float32),
-    "threshold": jnp.zeros((B, T), jnp.float32),
-    "mask": jnp.zeros((B, T), jnp.bool_),
-  }
-  buf = {k: _constrain_rows(v) for k, v in buf.items()}
-  state = {"buf": buf, "done": jnp.zeros((B,), jnp.bool_), "cache": cache}
-  state = record(state, jnp.zeros((), jnp.int32), logits)
+  buf = DecodeBuffers(
+    tokens=jnp.full((B, T), pad_id, jnp.int32),
+    sampler_logp=jnp.zeros((B, T), jnp.float32),
+    model_logp=jnp.zeros((B, T), jnp.float32),
+    threshold=jnp.zeros((B, T), jnp.float32),
+    mask=jnp.zeros((B, T), jnp.bool_),
+  )
+  state = DecodeState(
+    buf=jax.tree.map(_constrain_rows, buf),
+    done=jnp.zeros((B,), jnp.bool_),
+    cache=cache,
+    last=jnp.zeros((B,), jnp.int32),
+    t=jnp.zeros((), jnp.int32),
+  )
+  state = record(state, logits)
 
-  def body(state):
-    t = state["t"]
+  def body(state: DecodeState) -> DecodeState:
     # The previous token sits at position prompt_length + t - 1, in slot S + t - 1.
-    logits, cache = _decode(params, state["cache"], state["last"], start + t - 1, config=config)
-    return record(dict(state, cache=cache), t, logits)
+    logits, cache = _decode(params, state.cache, state.last, start + state.t - 1, config=config)
+    return record(dataclasses.replace(state, cache=cache), logits)
 
   for length in phases:
-    if length > state["cache"].max_len:
-      state = dict(state, cache=_constrain_cache(grow_cache(state["cache"], length)))
+    if length > state.cache.max_len:
+      state = dataclasses.replace(state, cache=_constrain_cache(grow_cache(state.cache, length)))
     # Steps t < length - S + 1 write slots < length.
     end = min(T, length - S + 1)
-    cond = lambda state, end=end: (state["t"] < end) & ~jnp.all(state["done"])
+    cond = lambda state, end=end: (state.t < end) & ~jnp.all(state.done)
     state = jax.lax.while_loop(cond, body, state)
-  buf, done = state["buf"], state["done"]
+  buf, done = state.buf, state.done
   mixed = temperatures is not None  # greedy rows truncate
   return Rollout(
     prompt_tokens=tokens0,
     prompt_mask=mask0,
-    tokens=buf["tokens"],
-    sampler_logp=buf["sampler_logp"],
-    model_logp=buf["model_logp"],
-    completion_mask=buf["mask"],
-    lengths=jnp.sum(buf["mask"], axis=1, dtype=jnp.int32),
+    tokens=buf.tokens,
+    sampler_logp=buf.sampler_logp,
+    model_logp=buf.model_logp,
+    completion_mask=buf.mask,
+    lengths=jnp.sum(buf.mask, axis=1, dtype=jnp.int32),
     finished=done,
     truncated=~done,
     prompt_ids=row_prompt_ids,
     sample_ids=sample_ids,
-    sampler_threshold=buf["threshold"] if strategy.truncates or mixed else None,
+    sampler_threshold=buf.threshold if strategy.truncates or mixed else None,
   )
 
 

@@ -19,44 +19,8 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
-from rlvr_jax.train import model_rewards, prime, reward_config
+from rlvr_jax.train import methods, model_rewards, prime, reward_config
 
-# Keyword arguments of the objectives that are arrays computed by the trainer, not settings.
-_ARRAY_INPUTS = {
-  "num_tokens",
-  "num_seqs",
-  "ref_logp",
-  "sampler_logp",
-  "entropy",
-  "mean_log_softmax",
-  "cov_stats",
-  "noise",
-  "key",
-  "entropy_threshold",
-  "omega_range",
-  "proxy_logp",
-  "lp_threshold",
-  "siren_anchor",
-  "siren_selected_entropy",
-  "nucleus_entropy",
-  "group_size",
-}
-
-# Advantage estimators selectable by name (sequence-level, [P, G] -> [P, G]).
-ADVANTAGES = {
-  "grpo": advantages.grpo_advantages,
-  "dr_grpo": advantages.dr_grpo_advantages,
-  "lite_ppo": advantages.lite_ppo_advantages,
-  "rloo": advantages.rloo_advantages,
-  "riskpo": None,  # stateful: handled by train.rollout with advantages.riskpo_advantages
-  "copo": None,  # needs answer ids: handled by train.rollout with advantages.copo_advantages
-  # greedy baseline: train.rollout samples G + 1 rows per prompt, the last one greedy (per-row
-  # temperature 0), scores it and passes its reward to advantages.remax_advantages
-  "remax": None,
-  # token level (issue 17): PRIME's process + outcome leave-one-out returns from the implicit PRM
-  # (config.prime); train.rollout with advantages.prime_advantages
-  "prime": None,
-}
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
 DATA_SOURCES = ("task", "files", "reasoning_gym", "humaneval")
@@ -67,18 +31,19 @@ class ConfigError(ValueError):
 
 
 def objective_hyperparameters() -> dict[str, type]:
-  """Name -> type of every keyword hyperparameter of every objective and of CommonOptions."""
+  """Name -> type of every keyword hyperparameter of every objective and of CommonOptions (the
+  arrays and state the trainer fills are read from the specs: ``ObjectiveSpec.array_kwargs``)."""
   out: dict[str, type] = {}
-  params = [
-    p
-    for fn in losses.OBJECTIVES.values()
-    for p in inspect.signature(fn).parameters.values()
+  arrays = methods.array_kwargs()
+  defaults = [
+    (p.name, p.default)
+    for spec in losses.OBJECTIVES.values()
+    for p in inspect.signature(spec).parameters.values()
     if p.kind == p.KEYWORD_ONLY
   ]
-  defaults = [(p.name, p.default) for p in params]
   defaults += [(f.name, f.default) for f in dataclasses.fields(CommonOptions)]
   for name, default in defaults:
-    if name in _ARRAY_INPUTS:
+    if name in arrays:
       continue
     kind = type(default) if default is not None else float
     out.setdefault(name, float if kind is int else kind)
@@ -92,6 +57,35 @@ def objective_kwargs_config() -> ConfigDict:
 def objective_kwargs(config) -> dict:
   """The hyperparameters set in ``config.objective.kwargs`` (None entries dropped)."""
   return {k: v for k, v in config.objective.kwargs.items() if v is not None}
+
+
+_ANNOTATION_TYPES = (("int", int), ("bool", bool), ("str", str), ("tuple", tuple), ("float", float))
+
+
+def _annotation_type(fn, name: str, default) -> type:
+  if default is not None:
+    return type(default)
+  note = str(getattr(fn, "__annotations__", {}).get(name, "float"))
+  return next((t for prefix, t in _ANNOTATION_TYPES if note.startswith(prefix)), float)
+
+
+def estimator_hyperparameters() -> dict[str, type]:
+  """Name -> type of every keyword setting of every registered advantage estimator
+  (``EstimatorSpec.hyperparameters``; a setting without default takes its annotated type)."""
+  out: dict[str, type] = {}
+  for spec in advantages.ESTIMATORS.values():
+    for name, default in spec.hyperparameters().items():
+      out.setdefault(name, _annotation_type(spec.fn, name, default))
+  return out
+
+
+def advantage_kwargs_config() -> ConfigDict:
+  return ConfigDict({k: config_dict.placeholder(t) for k, t in estimator_hyperparameters().items()})
+
+
+def advantage_kwargs(config) -> dict:
+  """The estimator settings set in ``config.rl.advantage_kwargs`` (None entries dropped)."""
+  return {k: v for k, v in config.rl.advantage_kwargs.items() if v is not None}
 
 
 def base_config() -> ConfigDict:
@@ -176,10 +170,11 @@ def base_config() -> ConfigDict:
     dict(
       num_steps=100,
       prompts_per_step=32,
-      advantage="grpo",
+      advantage=advantages.DEFAULT_ESTIMATOR,
       zero_variance="mask",
       max_gen_batches=4,
-      riskpo_bundle_size=4,
+      group_filter=advantages.DEFAULT_GROUP_FILTER,  # advantages.GROUP_FILTERS: rejected groups
+      advantage_kwargs=advantage_kwargs_config(),
       num_epochs=1,
       num_minibatches=1,
       num_microbatches=1,
@@ -188,7 +183,7 @@ def base_config() -> ConfigDict:
       fused_loss="auto",  # 'auto' | 'on' | 'off': objective fused into the log-prob sweep
     )
   )
-  c.objective = ConfigDict(dict(name="grpo", kwargs=objective_kwargs_config()))
+  c.objective = ConfigDict(dict(name=losses.DEFAULT_OBJECTIVE, kwargs=objective_kwargs_config()))
   c.optim = ConfigDict(
     dict(
       learning_rate=1e-3,
@@ -215,7 +210,7 @@ def tiny_config(workdir, **overrides) -> ConfigDict:
   before and after (with eval shapes = train shapes: one sampler compile).
 
   ``overrides`` are config blocks as (nested) dicts, merged field by field, e.g.
-  ``tiny_config(d, rl=dict(num_steps=4), objective=dict(name="dapo"))``; a field that does not
+  ``tiny_config(d, rl=dict(num_steps=4), objective=dict(name=...))``; a field that does not
   exist raises ``ConfigError`` naming it.
   """
   c = base_config()
@@ -236,7 +231,7 @@ def tiny_config(workdir, **overrides) -> ConfigDict:
 def tiny_mesh_config(workdir, **overrides) -> ConfigDict:
   """``tiny_config`` shaped for a (data=2, fsdp=2, tensor=2) mesh and the multi-process checks:
   2 KV heads (split over ``tensor``), G = 2 so the B = 8 rows give 2 per data x fsdp shard, two
-  updates per rollout batch (old log-probs from the scoring pass), DAPO with an entropy bonus
+  updates per rollout batch (old log-probs from the scoring pass), the default objective with an entropy bonus
   (a random model rarely gets a sum right: all-zero rewards and advantages; the bonus keeps the
   gradient non-zero), synchronous checkpoints. ``overrides`` as in ``tiny_config``."""
   c = tiny_config(
@@ -244,7 +239,7 @@ def tiny_mesh_config(workdir, **overrides) -> ConfigDict:
     model=dict(num_kv_heads=2),
     sampling=dict(num_samples=2),
     rl=dict(num_epochs=2),
-    objective=dict(name="dapo", kwargs=dict(entropy_coef=0.05)),
+    objective=dict(kwargs=dict(entropy_coef=0.05)),
     optim=dict(learning_rate=1e-2, eps=1e-4),
     eval=dict(num_samples=2),
     checkpoint=dict(async_save=False),
@@ -338,18 +333,32 @@ def validate(c) -> None:
   r = c.rl
   _need(r.num_steps >= 1, "rl.num_steps", "must be >= 1")
   _need(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
-  _need(r.advantage in ADVANTAGES, "rl.advantage", f"{r.advantage!r} not in {sorted(ADVANTAGES)}")
+  try:
+    estimator = methods.estimator(r.advantage)
+  except ValueError as e:
+    raise ConfigError(f"config.rl.advantage: {e}") from e
   _need(
     r.zero_variance in ZERO_VARIANCE,
     "rl.zero_variance",
     f"{r.zero_variance!r} not in {ZERO_VARIANCE}",
   )
-  _need(r.max_gen_batches >= 1, "rl.max_gen_batches", "must be >= 1")
   _need(
-    r.advantage != "riskpo" or r.prompts_per_step % r.riskpo_bundle_size == 0,
-    "rl.riskpo_bundle_size",
-    f"must divide rl.prompts_per_step={r.prompts_per_step}, got {r.riskpo_bundle_size}",
+    r.group_filter in advantages.GROUP_FILTERS,
+    "rl.group_filter",
+    f"{r.group_filter!r} not in {sorted(advantages.GROUP_FILTERS)}",
   )
+  _need(r.max_gen_batches >= 1, "rl.max_gen_batches", "must be >= 1")
+  adv_kw = advantage_kwargs(c)
+  settings = estimator.hyperparameters()
+  for key in adv_kw:
+    _need(key in settings, f"rl.advantage_kwargs.{key}",
+          f"estimator {estimator.name!r} has no setting {key!r} (it has {sorted(settings)})")  # fmt: skip
+  for key in estimator.required_hyperparameters():
+    _need(key in adv_kw, f"rl.advantage_kwargs.{key}",
+          f"estimator {estimator.name!r} needs it (no default)")  # fmt: skip
+  if estimator.check is not None:
+    problem = estimator.check(r.prompts_per_step, s.num_samples, adv_kw)
+    _need(problem is None, "rl.advantage_kwargs", f"estimator {estimator.name!r}: {problem}")
   _need(r.num_epochs >= 1, "rl.num_epochs", "must be >= 1")
   _need(
     r.fused_loss in FUSED_LOSS,
@@ -367,16 +376,12 @@ def validate(c) -> None:
     "rl.num_microbatches",
     f"must divide the {rows} rows of a minibatch, got {r.num_microbatches}",
   )
-  _need(
-    c.objective.name in losses.OBJECTIVES,
-    "objective.name",
-    f"{c.objective.name!r} not in {sorted(losses.OBJECTIVES)}",
-  )
-  _need(
-    (c.objective.name == "copo") == (r.advantage == "copo"),
-    "rl.advantage",
-    "the copo objective and the copo advantage go together (global/local advantages)",
-  )
+  try:
+    objective = methods.objective(c.objective.name)
+  except ValueError as e:
+    raise ConfigError(f"config.objective.name: {e}") from e
+  problem = methods.check_pair(objective, estimator)
+  _need(problem is None, "rl.advantage", str(problem))
   kw = objective_kwargs(c)
   if kw.get("kl_coef", 0.0):
     _need(
@@ -479,10 +484,19 @@ def validate_env(c) -> None:
   _need(e.step_timeout_s > 0 and e.reset_timeout_s > 0, "env.step_timeout_s", "must be > 0")
   _need(e.chunk_steps >= 1, "env.chunk_steps", "must be >= 1")
   _need(e.num_eval >= 1, "env.num_eval", "must be >= 1")
+  plain = sorted(n for n, spec in advantages.ESTIMATORS.items() if _rewards_only(spec))
   _need(
-    c.rl.advantage in ("grpo", "dr_grpo", "lite_ppo", "rloo"),
+    _rewards_only(methods.estimator(c.rl.advantage)),
     "rl.advantage",
-    f"multi-turn episodes support the sequence estimators grpo, dr_grpo, lite_ppo, rloo; got "
-    f"{c.rl.advantage!r}",
+    f"multi-turn episodes take a sequence estimator that reads only the returns and keeps no "
+    f"state ({', '.join(plain)}); got {c.rl.advantage!r}",
   )
   _need(c.rl.zero_variance != "refill", "rl.zero_variance", "'refill' is single-turn only")
+
+
+def _rewards_only(spec) -> bool:
+  """A sequence estimator of the returns alone (no extra reads, outputs or state)."""
+  return (
+    spec.level == "sequence" and spec.reads == ("rewards",) and not spec.outputs
+    and spec.init_state is None
+  )  # fmt: skip

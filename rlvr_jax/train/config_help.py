@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 
-from rlvr_jax import losses
+from rlvr_jax import advantages, losses
 from rlvr_jax.data import tasks
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import model_rewards
@@ -85,8 +85,6 @@ FIELD_HELP: dict[str, str] = {
   "prime.enabled": "train PRIME's implicit PRM (a second parameter tree); needs rl.advantage=prime",
   "prime.beta": "beta of the PRM token reward beta (log pi_phi - log pi_ref) and of its score",
   "prime.learning_rate": "learning rate of the PRM's own Adam",
-  "prime.process_coef": "weight of the process-reward source in PRIME's advantages",
-  "prime.outcome_coef": "weight of the outcome-reward source in PRIME's advantages",
   # sampling
   "sampling.num_samples": "G: completions sampled per prompt (the group)",
   "sampling.temperature": "sampling temperature of the rollouts",
@@ -97,10 +95,10 @@ FIELD_HELP: dict[str, str] = {
   # rl
   "rl.num_steps": "RL steps; raising it on a finished run extends it from its last checkpoint",
   "rl.prompts_per_step": "P: prompts per RL step (B = P x G rows)",
-  "rl.advantage": "advantage estimator",
+  "rl.advantage": "advantage estimator (advantages.ESTIMATORS) or 'package.module:attr'",
   "rl.zero_variance": "groups with equal rewards: keep, mask out, or refill (dynamic sampling)",
   "rl.max_gen_batches": "refill: most generation rounds per step to fill the batch",
-  "rl.riskpo_bundle_size": "rl.advantage='riskpo': prompts per bundle",
+  "rl.group_filter": "which groups rl.zero_variance acts on (advantages.GROUP_FILTERS)",
   "rl.num_epochs": "passes over each rollout batch",
   "rl.num_minibatches": "optimiser updates per epoch (groups split between them)",
   "rl.num_microbatches": "gradient accumulation slices of a minibatch",
@@ -108,7 +106,7 @@ FIELD_HELP: dict[str, str] = {
   "rl.logprob_chunk": "tokens per chunk of the log-prob sweep (memory vs. speed)",
   "rl.fused_loss": "fuse the objective into the log-prob sweep ('auto': when token-local)",
   # objective
-  "objective.name": "policy objective (losses.OBJECTIVES)",
+  "objective.name": "policy objective (losses.OBJECTIVES) or 'package.module:attr'",
   # optim
   "optim.learning_rate": "peak learning rate (AdamW)",
   "optim.schedule": "learning-rate schedule after warm-up",
@@ -162,7 +160,8 @@ CHOICES: dict[str, tuple] = {
   "data.task.style": ("bare", "word"),
   "data.reasoning_gym.answer_format": ("answer_tag", "raw"),
   "data.humaneval.style": ("completion", "instruct"),
-  "rl.advantage": tuple(sorted(config_lib.ADVANTAGES)),
+  "rl.advantage": tuple(sorted(advantages.ESTIMATORS)),
+  "rl.group_filter": tuple(sorted(advantages.GROUP_FILTERS)),
   "rl.zero_variance": config_lib.ZERO_VARIANCE,
   "model_reward.name": model_rewards.KINDS,
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
@@ -192,9 +191,17 @@ COMPONENT_HELP = {
 }
 
 
+def advantage_kwarg_help(name: str) -> str:
+  """Help of ``rl.advantage_kwargs.<name>``: which estimators take it (from their specs)."""
+  users = [n for n, spec in sorted(advantages.ESTIMATORS.items()) if name in spec.hyperparameters()]
+  return f"estimator setting (unset = the estimator's default); used by: {', '.join(users)}"
+
+
 def help_for(field: str) -> str:
   if field.startswith("objective.kwargs."):
     return kwarg_help(field.split(".", 2)[2])
+  if field.startswith("rl.advantage_kwargs."):
+    return advantage_kwarg_help(field.split(".", 2)[2])
   if field.startswith("reward.components."):
     parts = field.split(".")  # reward.components.<key>.<leaf>[.<kwarg>]
     if len(parts) >= 5 and parts[3] == "kwargs":

@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import advantages as adv_lib
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
@@ -40,8 +39,6 @@ from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
 from rlvr_jax.train.state import TrainBatch, init_state
-
-_STEP_CACHE: dict = {}
 
 
 class Trainer:
@@ -75,11 +72,14 @@ class Trainer:
     if latest is not None:
       rundir.check_resume(c, latest)
     self.finished = rundir.finished_summary(c, latest)
+    # Every process has read config.json / summary.json before the primary rewrites them.
+    self.layout.barrier("rundir_checked")
     if self.finished is not None:
       return
     if self.layout.is_primary:
-      with open(os.path.join(c.workdir, "config.json"), "w") as f:
-        f.write(c.to_json_best_effort(indent=2))
+      rundir.write_text_atomic(
+        os.path.join(c.workdir, "config.json"), c.to_json_best_effort(indent=2)
+      )
     t0 = time.perf_counter()
     what = {"tiny": "initialising", "smollm2": "loading SmolLM2 weights"}.get(c.model.source)
     log(f"{what or f'loading weights from {c.model.path}'} ...")
@@ -104,7 +104,8 @@ class Trainer:
       )
     r = c.rl
     self.updates_per_step = r.num_epochs * r.num_minibatches
-    self.optimizer = optimizer.make_optimizer(
+    # Hashable values: equal configurations share one compiled step (train.step.StepConfig).
+    self.optimizer = optimizer.OptimizerSpec.from_config(
       c.optim, decay_steps=r.num_steps * self.updates_per_step
     )
     kwargs = config_lib.objective_kwargs(c)
@@ -112,37 +113,22 @@ class Trainer:
       "seq_norm_constant", float(c.env.max_tokens if c.env.id else c.sampling.max_new_tokens)
     )
     kwargs.setdefault("group_size", c.sampling.num_samples)
-    # Jitted steps are cached per (model, optimiser, objective, ...) so several runs in one
-    # process (tests, ablation drivers) compile once.
-    step_key = (
-      self.model_config,
-      c.optim.to_json(),
-      # the schedule's length (a constant schedule has none: runs of any length share a step)
-      None if c.optim.schedule == "constant" else r.num_steps * self.updates_per_step,
-      c.objective.name,
-      tuple(sorted(kwargs.items())),
-      r.num_microbatches,
-      c.sampling.temperature,
-      r.logprob_chunk,
-      self.updates_per_step == 1,
-      r.fused_loss,
+    objective, estimator = self.collector.objective, self.collector.estimator
+    self.train_step = step_lib.make_train_step(
+      model_config=self.model_config,
+      optimizer=self.optimizer,
+      objective=objective,
+      objective_kwargs=kwargs,
+      num_microbatches=r.num_microbatches,
+      temperature=c.sampling.temperature,
+      chunk_size=r.logprob_chunk,
+      on_policy=self.updates_per_step == 1,
+      fused_loss=config_lib.FUSED_LOSS[r.fused_loss],
     )
-    if step_key not in _STEP_CACHE:
-      _STEP_CACHE[step_key] = step_lib.make_train_step(
-        model_config=self.model_config,
-        optimizer=self.optimizer,
-        objective=c.objective.name,
-        objective_kwargs=kwargs,
-        num_microbatches=r.num_microbatches,
-        temperature=c.sampling.temperature,
-        chunk_size=r.logprob_chunk,
-        on_policy=self.updates_per_step == 1,
-        fused_loss=config_lib.FUSED_LOSS[r.fused_loss],
-      )
-    self.train_step = _STEP_CACHE[step_key]
-    extra = {}
-    if r.advantage == "riskpo":
-      extra["riskpo"] = adv_lib.riskpo_init()
+    # State carried between steps by the methods (their specs say what), checkpointed.
+    extra = step_lib.init_extra(objective, kwargs)
+    if estimator.stateful:
+      extra["estimator"] = estimator.init_state(config_lib.advantage_kwargs(c))
     if r.use_reference or c.prime.enabled:  # PRIME's token reward is relative to π_ref
       # A copy: the train step donates the state, and an alias of ``params`` inside it would be
       # donated twice (INVALID_ARGUMENT at the first update).
@@ -158,8 +144,6 @@ class Trainer:
         temperature=c.sampling.temperature,
         chunk_size=r.logprob_chunk,
       )
-    if c.objective.name == "siren":
-      extra.update(step_lib.init_siren_extra())
     self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
     self.layout.setup(self.state, model_config=self.model_config, optimizer=self.optimizer)
     self.state = self.layout.place_state(self.state)
@@ -269,7 +253,7 @@ class Trainer:
     c = self.c
     t0 = time.perf_counter()
     step_key = jax.random.fold_in(self.state.key, step)
-    adv_state = self.state.extra.get("riskpo")
+    adv_state = self.state.extra.get("estimator")
     prm = {"prm_params": self.state.extra["prm_params"]} if self.prm_step is not None else {}
     batch, adv_state = self.collector.collect(
       self.state.params,
@@ -280,7 +264,7 @@ class Trainer:
       **prm,
     )
     if adv_state is not None:
-      self.state = self.state.replace(extra={**self.state.extra, "riskpo": adv_state})
+      self.state = self.state.replace(extra={**self.state.extra, "estimator": adv_state})
     t1 = time.perf_counter()
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
     per_mb = P // c.rl.num_minibatches
@@ -300,7 +284,9 @@ class Trainer:
         self.state, um = self.train_step(self.state, tb, num_tokens, num_seqs, key)
         update_metrics.append(um)
     prm_metrics = self._prm_update(batch) if self.prm_step is not None else {}
-    self.state = self.state.replace(step=jnp.asarray(step + 1, jnp.int32))
+    # Placed like the old counter: a differently placed input would compile the step again.
+    counter = jax.device_put(jnp.asarray(step + 1, jnp.int32), self.state.step.sharding)
+    self.state = self.state.replace(step=counter)
     out = dict(batch.metrics)
     out.update(prm_metrics)
     if update_metrics:

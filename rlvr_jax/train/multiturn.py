@@ -10,7 +10,7 @@ the same ``rollout.RolloutBatch`` the single-turn collector does:
   * ``completion_mask`` = ``policy_mask`` (action tokens only: observations are context, never
     trained, never counted in the normalisers) and False on failed episodes (excluded from the
     update, counted in ``env/fail_frac`` and ``env/fail/<cause>``) and on masked groups;
-  * ``advantages``: ``env.credit="episode"``: the ``rl.advantage`` estimator (GRPO family) on the
+  * ``advantages``: ``env.credit="episode"``: the ``rl.advantage`` estimator (a sequence estimator of the returns alone) on the
     episode return R (``env.return_mode``: final turn's reward, sum, or discounted
     sum_k gamma^(k-1) r_k), [B], broadcast to the action tokens by the loop; ``"turn"``:
     discounted turn returns G_k = sum_{j>=k} gamma^(j-k) r_j z-scored per prompt and turn index
@@ -36,11 +36,11 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import envs, sampling
 from rlvr_jax.data.char_tokenizer import CharTokenizer
 from rlvr_jax.sampling.multiturn_rollout import rollout_episodes
-from rlvr_jax.train import sft
+from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import methods, sft
 from rlvr_jax.train import step as step_lib
-from rlvr_jax.train.config import ADVANTAGES
 from rlvr_jax.train.layout import Layout
-from rlvr_jax.train.rollout import RolloutBatch, zero_variance
+from rlvr_jax.train.rollout import RolloutBatch, estimate
 
 EVAL_SEED = 10**6  # held-out episodes use seeds EVAL_SEED + i (training seeds stay below)
 # Cache lengths of a rollout: powers of two, so a run compiles few decode programs (each decode
@@ -161,13 +161,14 @@ class MultiTurnCollector:
     R = episode_returns(batch["turn_rewards"], mode=e.return_mode, gamma=e.gamma)
     valid = ~failed & np.isfinite(R)
     success = self.success(eb)
-    zero_var = zero_variance(np.where(valid, R, np.nan).reshape(P, G))
-    if e.credit == "episode":
-      adv = np.asarray(
-        ADVANTAGES[c.rl.advantage](
-          jnp.asarray(R.reshape(P, G)), valid=jnp.asarray(valid.reshape(P, G))
-        )
-      ).reshape(-1)
+    # the configured group filter (rl.group_filter) on the episode returns, the outcome here
+    group_filter = adv_lib.GROUP_FILTERS[c.rl.group_filter]
+    zero_var = np.asarray(group_filter.fn(jnp.asarray(np.where(valid, R, np.nan).reshape(P, G))))
+    if e.credit == "episode":  # the configured sequence estimator on the episode returns
+      hp = tuple(sorted(config_lib.advantage_kwargs(c).items()))
+      inputs = {"rewards": jnp.asarray(R.reshape(P, G)), "valid": jnp.asarray(valid.reshape(P, G))}
+      out = estimate(inputs, None, spec=methods.estimator(c.rl.advantage), hp=hp)
+      adv = np.asarray(out.advantages).reshape(-1)
       adv = np.where(valid, adv, 0.0).astype(np.float32)
     else:
       adv = turn_token_advantages(batch, group_size=G, gamma=e.gamma, valid=valid)

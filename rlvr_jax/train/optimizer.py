@@ -9,6 +9,9 @@ decay). ``decay_steps`` counts optimiser updates, i.e. RL steps x updates per ro
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import optax
 
 SCHEDULES = ("constant", "cosine", "linear")
@@ -48,3 +51,39 @@ def make_optimizer(optim_cfg, *, decay_steps: int) -> optax.GradientTransformati
     )
   )
   return optax.chain(*parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """The ``config.optim`` block as hashable values, usable where an optax transformation is:
+  ``init`` / ``update`` delegate to ``make_optimizer``'s chain (built once per spec). It is part
+  of the train step's static configuration (``train.step.StepConfig``), so equal blocks share one
+  compiled step (several runs in one process, a resumed run) without a hand-kept cache.
+  ``decay_steps`` is None for a constant schedule (whose length does not matter)."""
+
+  learning_rate: float
+  schedule: str
+  warmup_steps: int
+  final_lr_fraction: float
+  b1: float
+  b2: float
+  eps: float
+  weight_decay: float
+  grad_clip: float
+  decay_steps: int | None = None
+
+  @classmethod
+  def from_config(cls, optim_cfg, *, decay_steps: int) -> OptimizerSpec:
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "decay_steps"]
+    values = {n: getattr(optim_cfg, n) for n in names}
+    return cls(**values, decay_steps=None if optim_cfg.schedule == "constant" else decay_steps)
+
+  @functools.cached_property
+  def transformation(self) -> optax.GradientTransformation:
+    return make_optimizer(self, decay_steps=self.decay_steps or 0)
+
+  def init(self, params):
+    return self.transformation.init(params)
+
+  def update(self, updates, state, params=None):
+    return self.transformation.update(updates, state, params)

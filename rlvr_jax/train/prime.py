@@ -5,8 +5,9 @@ Config section ``config.prime``::
   enabled        train an implicit PRM π_φ (initialised from the policy after the warm start)
   beta           β_φ of r_t = β (log π_φ − log π_ref) and of the PRM score (0.05)
   learning_rate  of the PRM's own Adam (the release: 1e-6 for 7B models)
-  process_coef   c_p of ``advantages.prime_advantages`` (5 in the release)
-  outcome_coef   c_o
+
+The estimator (``rl.advantage="prime"``, ``advantages.prime_advantages``: process coefficient 5 as
+the release, outcome 1) reads the PRM's token rewards as its ``token_rewards`` input.
 
 Per RL step (PRIME's Algorithm 1 order): the collector scores the rollout with π_φ and π_ref (no
 grad) and turns the token rewards into advantages with the verifier outcome; then the PRM tree is
@@ -30,9 +31,7 @@ from rlvr_jax.train import step as step_lib
 
 
 def prime_section() -> ConfigDict:
-  return ConfigDict(
-    dict(enabled=False, beta=0.05, learning_rate=1e-4, process_coef=5.0, outcome_coef=1.0)
-  )
+  return ConfigDict(dict(enabled=False, beta=0.05, learning_rate=1e-4))
 
 
 def prm_optimizer(c) -> optax.GradientTransformation:
@@ -90,21 +89,3 @@ def make_prm_step(
     return keep(new_prm, prm), keep(new_opt, opt_state), out
 
   return jax.jit(prm_step, donate_argnums=(0, 1))
-
-
-def prime_token_advantages(prm_logp, ref_logp, completion_mask, rewards, valid, cfg) -> jax.Array:
-  """[B, T] PRIME advantages of a rollout batch (``advantages.prime_advantages``) from the PRM and
-  reference log-probs [B, T], the verifier rewards [P, G] (NaN = failed) and ``config.prime``."""
-  from rlvr_jax import advantages  # noqa: PLC0415  (kept local: the module is trainer glue)
-
-  process = advantages.implicit_process_rewards(
-    jnp.asarray(prm_logp), jnp.asarray(ref_logp), jnp.asarray(completion_mask), beta=cfg.beta
-  )
-  return advantages.prime_advantages(
-    process,
-    jnp.asarray(rewards),
-    jnp.asarray(completion_mask),
-    valid=jnp.asarray(valid),
-    process_coef=cfg.process_coef,
-    outcome_coef=cfg.outcome_coef,
-  )

@@ -10,14 +10,19 @@
 3. decode and submit the completions to the ``RewardRuntime`` (worker processes, per-item
    timeouts; failed items get NaN and are excluded from advantages); while the workers score, the
    device computes the no-grad scoring passes this batch needs (old log-probs for several updates
-   per batch, reference log-probs, Lp-Reg proxy log-probs): JAX dispatch is asynchronous, so the
-   two overlap;
-4. zero-variance groups (constant *outcome*, METHODS.md 2.11) are kept with A = 0 (``keep``),
+   per batch, reference log-probs, the min-p proxy log-probs of an objective with a
+   ``proxy_logp`` input): JAX dispatch is asynchronous, so the two overlap;
+4. groups the configured filter rejects (``rl.group_filter``, ``advantages.GROUP_FILTERS``; by
+   default zero-variance: constant *outcome*, METHODS.md 2.11) are kept with A = 0 (``keep``),
    masked out of the loss and its normalisers (``mask``), or dropped and refilled by generating
-   more prompts until P informative groups are found (``refill``, DAPO dynamic sampling, 6.1; after
+   more prompts until P informative groups are found (``refill``, dynamic sampling, METHODS.md 6.1; after
    ``rl.max_gen_batches`` rounds the batch is completed with masked zero-variance groups and
    ``rollout/refill_short`` is logged);
-5. advantages from the configured estimator over the P kept groups.
+5. advantages from the configured estimator over the P kept groups, given what its spec reads
+   (``EstimatorSpec.reads``: the rewards; the completion mask; the answers' ids; the reward of one
+   extra greedy row per prompt, which step 2 then generates; the reward components; per-token
+   rewards); its extra outputs become per-token objective inputs and its state is threaded
+   through the run.
 """
 
 from __future__ import annotations
@@ -36,11 +41,10 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
+from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import methods, reward_config
 from rlvr_jax.train import model_rewards as model_rewards_lib
-from rlvr_jax.train import prime as prime_lib
-from rlvr_jax.train import reward_config
 from rlvr_jax.train import step as step_lib
-from rlvr_jax.train.config import ADVANTAGES
 from rlvr_jax.train.layout import Layout
 
 _log = logging.getLogger(__name__)
@@ -66,15 +70,9 @@ class RolloutBatch:
   correct: np.ndarray
   scores: dict
   metrics: dict
-  greedy_rewards: np.ndarray | None = None  # [P] ReMax's baseline (the greedy row's reward)
-
-
-def zero_variance(outcomes: np.ndarray) -> np.ndarray:
-  """[P] bool: the finite outcomes of the group are all equal, or fewer than 2 are finite."""
-  finite = np.isfinite(outcomes)
-  hi = np.where(finite, outcomes, -np.inf).max(-1)
-  lo = np.where(finite, outcomes, np.inf).min(-1)
-  return (finite.sum(-1) < 2) | (hi == lo)
+  greedy_rewards: np.ndarray | None = (
+    None  # [P] the greedy row's reward, when the estimator reads it
+  )
 
 
 def _left_pad(x: np.ndarray, width: int, value) -> np.ndarray:
@@ -112,6 +110,14 @@ class Collector:
       chunk_size=config.rl.logprob_chunk,
       num_microbatches=config.rl.num_microbatches,
     )
+    # The methods, read from their specs: what to compute for them and what they read.
+    self.objective = methods.objective(config.objective.name)
+    self.estimator = methods.estimator(config.rl.advantage)
+    self.estimator_kwargs = tuple(
+      sorted((k, tuple(v) if isinstance(v, list) else v)
+             for k, v in config_lib.advantage_kwargs(config).items())
+    )  # fmt: skip
+    self.group_filter = adv_lib.GROUP_FILTERS[config.rl.group_filter]
     self.model_reward_fn = None
     m = config.model_reward
     if m.name:  # on-device rewards (issue 17): one jitted no-grad pass, see train/model_rewards
@@ -151,7 +157,7 @@ class Collector:
     ``params`` already in the sampling layout. Returns this process's texts, every row's rollout.
 
     ``greedy_row``: G + 1 rows per prompt, the last one greedy (per-row temperature 0, in the
-    same ``generate`` call; ReMax's baseline); the G sampled rows are those of a plain call."""
+    same ``generate`` call; a greedy baseline); the G sampled rows are those of a plain call."""
     texts, ids, mask = self.prompts(records)
     prompt_ids = np.asarray([r["index"] for r in records], np.int32)
     ids, mask, prompt_ids = self.layout.gather_prompts(ids, mask, prompt_ids, pad_id=self.pad_id)
@@ -199,7 +205,7 @@ class Collector:
       )
     tokens = np.asarray(rollout.tokens)
     cmask = np.asarray(rollout.completion_mask)
-    # Every row's text (the host loop may use them, e.g. COPO's answer ids): decoding is cheap.
+    # Every row's text (the host loop may use them, e.g. for answer ids): decoding is cheap.
     completions = self.tokenizer.decode_batch(tokens, cmask)
     rows = slice(g0 * num_samples, g1 * num_samples)
     fields = reward_fields(records, num_samples, self.c.reward.example_fields)
@@ -234,8 +240,10 @@ class Collector:
           self.model_reward_fn, self.c.model_reward, self.tokenizer, params, rollout, answers
         )
       )
-    if self.c.objective.name == "lp_reg":
-      out["proxy_logp"] = proxy_logp_fn(self.model_config)(params, tokens, positions, t)
+    for inp in self.objective.inputs_from("proxy_logp"):
+      out[inp.name] = proxy_logprobs(
+        params, tokens, positions, num_completion=t, model_config=self.model_config
+      )
     return out
 
   # ------------------------------------------------------------------ main entry
@@ -252,8 +260,9 @@ class Collector:
   def _collect(self, params, key, ref_params, need_old, adv_state, prm_params=None):
     c = self.c
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
-    remax = c.rl.advantage == "remax"
-    G_gen = G + 1 if remax else G  # rows generated per prompt (ReMax: + its greedy row)
+    reads = self.estimator.reads
+    greedy_row = "greedy_rewards" in reads
+    G_gen = G + 1 if greedy_row else G  # rows generated per prompt (+ a greedy row to score)
     refill = c.rl.zero_variance == "refill"
     rounds = c.rl.max_gen_batches if refill else 1
     groups, spare, metrics = [], [], {"time/sample": 0.0, "time/reward": 0.0}
@@ -262,7 +271,7 @@ class Collector:
       records = self.source.take(P)  # this process's share of the P prompts
       t0 = time.perf_counter()
       texts, rollout = self._sample_local(
-        params, records, key=jax.random.fold_in(key, n), greedy_row=remax
+        params, records, key=jax.random.fold_in(key, n), greedy_row=greedy_row
       )
       jax.block_until_ready(rollout.tokens)
       t1 = time.perf_counter()
@@ -290,9 +299,18 @@ class Collector:
         reward_metrics[-1] = {**reward_metrics[-1], **model_metrics}
       correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
       correct = correct.reshape(P, G_gen)
-      greedy = rewards[:, G] if remax else np.full(P, np.nan, np.float32)
+      greedy = rewards[:, G] if greedy_row else np.full(P, np.nan, np.float32)
       rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
-      zero_var = zero_variance(correct)
+      zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
+      if "prm_logp" in scores:  # PRIME: the token rewards come from the implicit PRM, not the host
+        row_inputs = _row_inputs(result, tuple(k for k in reads if k != "token_rewards"), P * G_gen)
+        row_inputs["token_rewards"] = np.asarray(
+          adv_lib.implicit_process_rewards(
+            scores.pop("prm_logp"), scores["ref_logp"], host.completion_mask, beta=c.prime.beta
+          )
+        )
+      else:
+        row_inputs = _row_inputs(result, reads, P * G_gen)
       for p in range(P):
         rows = slice(p * G_gen, p * G_gen + G)
         g = dict(
@@ -309,6 +327,7 @@ class Collector:
           greedy_reward=greedy[p],
           completions=completions[rows],
           scores={k: v[rows] for k, v in scores.items()},
+          inputs={k: v[rows] for k, v in row_inputs.items()},
         )
         (spare if (refill and g["zero_var"]) else groups).append(g)
       if not refill or len(groups) >= P:
@@ -334,26 +353,16 @@ class Collector:
     valid = np.isfinite(rewards)
     completion_mask = cat("completion_mask")
     scores = {k: np.concatenate([g["scores"][k] for g in groups], 0) for k in groups[0]["scores"]}
-    greedy_rewards = None
-    if self.c.rl.advantage == "copo":
-      copo = _copo(jnp.asarray(rewards), jnp.asarray(answer_ids(groups)), jnp.asarray(valid))
-      adv = np.asarray(copo.local_advantages)
-      for k in ("global_advantages", "local_weight"):  # per-token extra objective inputs
-        scores[k] = np.asarray(getattr(copo, k)).reshape(-1, 1) * completion_mask
-    elif self.c.rl.advantage == "remax":
-      greedy_rewards = np.array([g["greedy_reward"] for g in groups], np.float32)
-      adv = np.asarray(
-        _remax(jnp.asarray(rewards), jnp.asarray(greedy_rewards), jnp.asarray(valid))
+    adv, extras, adv_state, greedy_rewards = self._advantages(
+      groups, rewards, valid, completion_mask, adv_state
+    )
+    for k, v in extras.items():  # the estimator's extra outputs: per-token objective inputs
+      v = np.asarray(v, np.float32)
+      scores[k] = (v.reshape(-1, 1) if v.ndim == 2 and v.shape != completion_mask.shape else v) * (
+        completion_mask
       )
+    if greedy_rewards is not None:
       metrics["reward/greedy_mean"] = float(np.nanmean(greedy_rewards))
-    elif self.c.rl.advantage == "prime":  # [B, T] token advantages from the implicit PRM
-      adv = np.asarray(
-        prime_lib.prime_token_advantages(
-          scores.pop("prm_logp"), scores["ref_logp"], completion_mask, rewards, valid, c.prime
-        )
-      )
-    else:
-      adv, adv_state = self._advantages(rewards, valid, adv_state)
     if c.rl.zero_variance in ("mask", "refill"):
       row_keep = np.repeat(~zero_var, rewards.shape[1])
       completion_mask = completion_mask & row_keep[:, None]
@@ -382,7 +391,9 @@ class Collector:
       completion_mask=completion_mask,
       sampler_logp=cat("sampler_logp"),
       lengths=lengths,
-      advantages=(adv if c.rl.advantage == "prime" else adv.reshape(-1)).astype(np.float32),
+      advantages=(adv.reshape(-1) if self.estimator.level == "sequence" else adv).astype(
+        np.float32
+      ),
       rewards=rewards,
       correct=correct,
       scores=scores,
@@ -391,16 +402,50 @@ class Collector:
     )
     return batch, adv_state
 
-  def _advantages(self, rewards, valid, adv_state):
-    name = self.c.rl.advantage
-    if name == "riskpo":
-      adv, new_state = _riskpo(
-        jnp.asarray(rewards), adv_state, jnp.asarray(valid), self.c.rl.riskpo_bundle_size
+  def _advantages(self, groups, rewards, valid, completion_mask, adv_state):
+    """(advantages [P, G] or [B, T], extra objective inputs, estimator state, greedy rewards):
+    the configured estimator run on what its spec reads."""
+    reads = self.estimator.reads
+    inputs = {"rewards": rewards, "valid": valid}
+    greedy_rewards = None
+    if "completion_mask" in reads:
+      inputs["completion_mask"] = completion_mask
+    if "answer_ids" in reads:
+      inputs["answer_ids"] = answer_ids(groups)
+    if "greedy_rewards" in reads:
+      greedy_rewards = np.array([g["greedy_reward"] for g in groups], np.float32)
+      inputs["greedy_rewards"] = greedy_rewards
+    for k in ("reward_components", "token_rewards"):
+      if k in reads:
+        v = np.concatenate([g["inputs"][k] for g in groups], axis=0)
+        inputs[k] = v.reshape(*rewards.shape, -1) if k == "reward_components" else v
+    out = estimate(
+      {k: jnp.asarray(v) for k, v in inputs.items()}, adv_state, spec=self.estimator,
+      hp=self.estimator_kwargs,
+    )  # fmt: skip
+    extras = {k: np.asarray(v) for k, v in out.extras.items()}
+    return np.asarray(out.advantages), extras, out.state, greedy_rewards
+
+
+def _row_inputs(result, reads, num_rows: int) -> dict:
+  """Per-row estimator inputs taken from the reward result: ``reward_components`` [B, K] (the
+  ``<component>/reward`` columns of a component reward, in name order) and ``token_rewards``."""
+  out = {}
+  if "reward_components" in reads:
+    keys = sorted(k for k in result.info if k.endswith("/reward"))
+    if not keys:
+      raise ValueError(
+        "the advantage estimator reads reward_components, but the reward has no components "
+        "(configure reward.components)"
       )
-      return np.asarray(adv), new_state
-    return np.asarray(
-      _advantage_fn(name)(jnp.asarray(rewards), valid=jnp.asarray(valid))
-    ), adv_state
+    out["reward_components"] = np.stack([np.asarray(result.info[k], np.float32) for k in keys], -1)
+  if "token_rewards" in reads:
+    if result.token_rewards is None:
+      raise ValueError(
+        "the advantage estimator reads token_rewards, which the reward does not give"
+      )
+    out["token_rewards"] = np.asarray(result.token_rewards, np.float32).reshape(num_rows, -1)
+  return out
 
 
 def reward_fields(records, num_samples: int, example_fields=()) -> dict:
@@ -468,7 +513,7 @@ def log_reward_failures(result, limit: int = 3) -> None:
 
 def answer_ids(groups) -> np.ndarray:
   """[P, G] int ids of the extracted answers, equal within a group iff the answers are equal
-  (COPO's consistency). Completions without an extractable answer get an id of their own."""
+  (answer consistency). Completions without an extractable answer get an id of their own."""
   out = np.zeros((len(groups), len(groups[0]["completions"])), np.int32)
   for p, g in enumerate(groups):
     seen = {}
@@ -479,44 +524,17 @@ def answer_ids(groups) -> np.ndarray:
   return out
 
 
-@jax.jit
-def _remax(rewards, greedy_rewards, valid):
-  return adv_lib.remax_advantages(rewards, greedy_rewards, valid=valid)
+@functools.partial(jax.jit, static_argnames=("spec", "hp"))
+def estimate(inputs, state, *, spec, hp):
+  """``spec.compute(inputs, state, **dict(hp))`` jitted once per (estimator spec, settings)."""
+  return spec.compute(inputs, state, **dict(hp))
 
 
-@jax.jit
-def _copo(rewards, ids, valid):
-  return adv_lib.copo_advantages(rewards, ids, valid=valid)
-
-
-_ADV_JIT = {}
-
-
-def _advantage_fn(name):
-  if name not in _ADV_JIT:
-    _ADV_JIT[name] = jax.jit(ADVANTAGES[name])
-  return _ADV_JIT[name]
-
-
-@functools.partial(jax.jit, static_argnums=(3,))
-def _riskpo(rewards, state, valid, bundle_size):
-  return adv_lib.riskpo_advantages(rewards, state, valid=valid, bundle_size=bundle_size)
-
-
-_PROXY_JIT = {}
-
-
-def proxy_logp_fn(model_config, min_p: float = 0.02):
-  """Jitted Lp-Reg proxy log-probs [B, T] of the min-p filtered policy at temperature 1."""
-  key = (model_config, min_p)
-  if key not in _PROXY_JIT:
-
-    def fn(params, tokens, positions, num_completion):
-      # One matmul pass over token tiles of the unembedding: never the [B, T, V] logits.
-      h, unembed, targets = step_lib.completion_hidden(
-        params, tokens, positions, num_completion=num_completion, model_config=model_config
-      )
-      return regularizers.min_p_proxy_logp_from_hidden(h, unembed, targets, min_p=min_p)
-
-    _PROXY_JIT[key] = jax.jit(fn, static_argnums=(3,))
-  return _PROXY_JIT[key]
+@functools.partial(jax.jit, static_argnames=("num_completion", "model_config", "min_p"))
+def proxy_logprobs(params, tokens, positions, *, num_completion, model_config, min_p=0.02):
+  """Proxy log-probs [B, T] of the min-p filtered policy at temperature 1 (one matmul pass
+  over token tiles of the unembedding: never the [B, T, V] logits)."""
+  h, unembed, targets = step_lib.completion_hidden(
+    params, tokens, positions, num_completion=num_completion, model_config=model_config
+  )
+  return regularizers.min_p_proxy_logp_from_hidden(h, unembed, targets, min_p=min_p)

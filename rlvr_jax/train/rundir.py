@@ -74,6 +74,14 @@ def differences(saved: dict, current: dict) -> list[tuple[str, object, object]]:
   return out
 
 
+def write_text_atomic(path: str, text: str) -> None:
+  """Writes ``path`` through a temporary file and a rename, so no reader sees it half written."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
 def read_json(path: str) -> dict | None:
   if not os.path.exists(path):
     return None

@@ -2,7 +2,8 @@
 
 ``TrainState`` holds everything that changes across RL steps and must survive a restart: params,
 optimiser state, the RL step counter, the run's PRNG key, and ``extra`` (a dict of arrays for
-stateful estimators, e.g. RiskPO quantile trackers or an adaptive entropy coefficient). All of it
+stateful methods: ``"estimator"``, an estimator's state, e.g. a quantile tracker, and ``"objective"``,
+an objective's, e.g. an adaptive entropy coefficient; their specs say what it is). All of it
 goes into the checkpoint.
 """
 
@@ -40,7 +41,9 @@ class TrainState:
 
 
 def init_state(params, optimizer, key, extra=None) -> TrainState:
-  return TrainState(
+  """A fresh state, committed to the default device like a restored checkpoint's arrays: the
+  compiled programs' cache key includes the placement, so a resumed run reuses them."""
+  state = TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
     opt_state=optimizer.init(params),
@@ -48,6 +51,7 @@ def init_state(params, optimizer, key, extra=None) -> TrainState:
     num_skipped=jnp.zeros((), jnp.int32),
     extra={} if extra is None else extra,
   )
+  return jax.device_put(state, jax.local_devices()[0])
 
 
 @pytree_dataclass

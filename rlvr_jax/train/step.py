@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,14 +31,6 @@ import optax
 
 from rlvr_jax import logprobs, losses, model
 from rlvr_jax.train.state import TrainBatch, TrainState
-
-# Objectives whose 'step'-scope statistics need a pre-pass over the whole step batch.
-STEP_STAT_OBJECTIVES = losses.STEP_STAT_OBJECTIVES
-
-
-def init_siren_extra() -> dict:
-  """The state entry SIREN's frozen entropy anchor lives in (NaN = not set yet)."""
-  return {"siren_anchor": jnp.asarray(jnp.nan, jnp.float32)}
 
 
 def sequence_inputs(prompt_tokens, prompt_mask, completion_tokens):
@@ -96,8 +88,8 @@ def completion_logprobs(
   )
 
 
-def _split(tree, num_microbatches: int):
-  """[B, ...] leaves -> [M, B / M, ...]."""
+def split_microbatches(tree, num_microbatches: int):
+  """Micro-batch split: [B, ...] leaves -> [M, B / M, ...]."""
 
   def one(x):
     if x.shape[0] % num_microbatches:
@@ -115,11 +107,205 @@ def _masked_pair(x, mask):
   return jnp.sum(x * mask), jnp.sum(mask)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """Everything static about the train step: hashable, the static argument of ``train_step``, so
+  ``jax.jit`` compiles once per distinct configuration (no hand-keyed cache).
+
+  Attributes:
+    model_config: the ``model.ModelConfig``.
+    optimizer: the optax transformation (its state is ``state.opt_state``).
+    objective: the ``losses.ObjectiveSpec`` (what the step computes and reads).
+    objective_kwargs: its keyword hyperparameters, as sorted (name, value) pairs.
+    num_microbatches: M; B must be divisible by M.
+    temperature: sampling temperature tau (logits are divided by it).
+    chunk_size: T-chunk of the log-prob computation.
+    on_policy: the step batch is the only update on its rollout batch: old_logp = sg(logp) and
+      ``batch.old_logp`` is ignored.
+    fused: the objective is fused into the log-prob sweep (``logprobs.fused_objective_from_hidden``).
+  """
+
+  model_config: Any
+  optimizer: Any
+  objective: losses.ObjectiveSpec
+  objective_kwargs: tuple = ()
+  num_microbatches: int = 1
+  temperature: float = 1.0
+  chunk_size: int = 128
+  on_policy: bool = False
+  fused: bool = False
+
+  @property
+  def hp(self) -> dict:
+    return dict(self.objective_kwargs)
+
+
+def init_extra(objective, objective_kwargs: dict | None = None) -> dict:
+  """The ``state.extra`` entries the objective carries between steps (``{}`` if stateless):
+  ``{"objective": spec.state.init(hp)}``."""
+  spec = losses.get_objective(objective) if isinstance(objective, str) else objective
+  if spec.state is None:
+    return {}
+  return {"objective": spec.state.init(dict(objective_kwargs or {}))}
+
+
+# ------------------------------------------------------------------------------------------------
+# The parts of one step, in the order ``_train_step`` runs them (docs/design.md, "The train step").
+
+
+def score(cfg: StepConfig, params, mb: TrainBatch):
+  """(logp, entropy) [B, T] of the micro-batch's completion tokens under ``params``."""
+  return completion_logprobs(
+    params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
+    model_config=cfg.model_config, temperature=cfg.temperature, chunk_size=cfg.chunk_size,
+  )  # fmt: skip
+
+
+def draw_noise(cfg: StepConfig, batch: TrainBatch, key) -> TrainBatch:
+  """Inputs of source ``step_noise``: one uniform draw per token of the step batch each."""
+  extras = dict(batch.extras)
+  for i, inp in enumerate(cfg.objective.inputs_from("step_noise")):
+    k = key if i == 0 else jax.random.fold_in(key, i)
+    extras[inp.name] = jax.random.uniform(k, batch.completion_mask.shape, jnp.float32)
+  return dataclasses.replace(batch, extras=extras)
+
+
+def statistics_pass(cfg: StepConfig, params, batch: TrainBatch, num_tokens, num_seqs) -> dict:
+  """Step-scope statistics (METHODS.md 1.3): a no-grad pre-pass over the whole step batch, so the
+  loss does not depend on the micro-batch split. {} when the objective needs none."""
+  spec = cfg.objective
+  if not spec.needs_step_stats(cfg.hp):
+    return {}
+  mbs = split_microbatches(batch, cfg.num_microbatches)
+  logp, entropy = jax.lax.map(lambda mb: score(cfg, params, mb), mbs)
+  logp = jax.lax.stop_gradient(logp.reshape(batch.completion_mask.shape))
+  entropy = jax.lax.stop_gradient(entropy.reshape(batch.completion_mask.shape))
+  return spec.step_stats(
+    logp, logp if cfg.on_policy else batch.old_logp, batch.advantages, batch.completion_mask,
+    num_tokens=num_tokens, num_seqs=num_seqs, entropy=entropy, **batch.extras, **cfg.hp,
+  )  # fmt: skip
+
+
+def micro_batch_loss(cfg: StepConfig, params, mb: TrainBatch, num_tokens, num_seqs, extra):
+  """(loss, metrics) of one micro-batch: the objective on the recomputed log-probs (fused into
+  the log-prob sweep when ``cfg.fused``), plus the log-prob gap to the sampler."""
+
+  def run(logp, entropy):
+    old_logp = jax.lax.stop_gradient(logp) if cfg.on_policy else mb.old_logp
+    return cfg.objective.fn(
+      logp, old_logp, mb.advantages, mb.completion_mask, num_tokens=num_tokens,
+      num_seqs=num_seqs, ref_logp=mb.ref_logp, sampler_logp=mb.sampler_logp, entropy=entropy,
+      **mb.extras, **extra, **cfg.hp,
+    )  # fmt: skip
+
+  if cfg.fused:
+    h, unembed, targets = completion_hidden(
+      params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
+      model_config=cfg.model_config,
+    )  # fmt: skip
+    loss, logp, entropy = logprobs.fused_objective_from_hidden(
+      h, unembed, targets, lambda lp, ent: run(lp, ent)[0], temperature=cfg.temperature,
+      logp_fill=mb.sampler_logp,
+    )  # fmt: skip
+    _, metrics = run(logp, entropy)  # on the constants: metrics only
+  else:
+    logp, entropy = score(cfg, params, mb)
+    loss, metrics = run(logp, entropy)
+  m = mb.completion_mask
+  gap = jnp.abs(jax.lax.stop_gradient(logp) - mb.sampler_logp)
+  metrics = dict(metrics)
+  metrics.setdefault("entropy/mean", _masked_pair(jax.lax.stop_gradient(entropy), m))
+  metrics["logp_gap/mean"] = _masked_pair(gap, m)
+  metrics["logp_gap/max"] = (jnp.max(jnp.where(m, gap, 0.0)), jnp.float32(1.0))
+  return loss, metrics
+
+
+def accumulate_gradients(cfg: StepConfig, params, batch: TrainBatch, num_tokens, num_seqs, extra):
+  """sum_m (L_m, metrics_m, g_m) over the M micro-batches (a scan after the first): each L_m is
+  normalised by the GLOBAL N_tok / N_seq, so the sums are the full-batch loss and gradient."""
+  grad_fn = jax.value_and_grad(micro_batch_loss, argnums=1, has_aux=True)
+  mbs = split_microbatches(batch, cfg.num_microbatches)
+  first = jax.tree.map(lambda x: x[0], mbs)
+  (loss, metrics), grads = grad_fn(cfg, params, first, num_tokens, num_seqs, extra)
+  if cfg.num_microbatches > 1:
+
+    def body(carry, mb):
+      loss_acc, metrics_acc, grads_acc = carry
+      (mb_loss, mt), g = grad_fn(cfg, params, mb, num_tokens, num_seqs, extra)
+      grads_acc = jax.tree.map(jnp.add, grads_acc, g)
+      return (loss_acc + mb_loss, losses.merge_metrics(metrics_acc, mt), grads_acc), None
+
+    rest = jax.tree.map(lambda x: x[1:], mbs)
+    (loss, metrics, grads), _ = jax.lax.scan(body, (loss, metrics, grads), rest)
+  return loss, metrics, grads
+
+
+def apply_update(cfg: StepConfig, state: TrainState, loss, grads):
+  """The optax update if L and g are finite, else params / optimiser state unchanged (non-finite
+  gradients would poison the moments: they are zeroed and the update discarded). Returns
+  (params, opt_state, finite, grad_norm, update_norm)."""
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+  updates, new_opt_state = cfg.optimizer.update(safe_grads, state.opt_state, state.params)
+  new_params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+  update_norm = jnp.where(finite, optax.global_norm(updates), 0.0)
+  return (
+    keep(new_params, state.params),
+    keep(new_opt_state, state.opt_state),
+    finite,
+    grad_norm,
+    (update_norm),
+  )
+
+
+def step_metrics(loss, metrics, *, params, finite, grad_norm, update_norm) -> dict:
+  """Plain float32 scalars: every objective metric, ``loss``, ``grad_norm`` (before clipping),
+  ``param_norm``, ``update_norm``, ``skipped``."""
+  out = dict(losses.finalize_metrics(metrics))
+  out.update(
+    loss=loss, grad_norm=grad_norm, param_norm=optax.global_norm(params), update_norm=update_norm,
+    skipped=(~finite).astype(jnp.float32),
+  )  # fmt: skip
+  return out
+
+
+def _train_step(state: TrainState, batch: TrainBatch, num_tokens, num_seqs, key, *, cfg):
+  """One optimiser update (the module docstring), part by part."""
+  spec = cfg.objective
+  num_tokens = jnp.asarray(num_tokens, jnp.float32)
+  num_seqs = jnp.asarray(num_seqs, jnp.float32)
+  batch = draw_noise(cfg, batch, key)
+  stats = statistics_pass(cfg, state.params, batch, num_tokens, num_seqs)
+  extra = dict(stats)
+  if spec.state is not None:  # the objective's state gives this step its keywords
+    extra.update(spec.state.step_kwargs(state.extra["objective"], stats, cfg.hp))
+  loss, metrics, grads = accumulate_gradients(cfg, state.params, batch, num_tokens, num_seqs, extra)
+  params, opt_state, finite, grad_norm, update_norm = apply_update(cfg, state, loss, grads)
+  out = step_metrics(loss, metrics, params=state.params, finite=finite, grad_norm=grad_norm,
+                     update_norm=update_norm)  # fmt: skip
+  new_extra = state.extra
+  if spec.state is not None:  # ... and is updated from the step's statistics and metrics
+    new_extra = {**state.extra,
+                 "objective": spec.state.update(state.extra["objective"], stats, out, cfg.hp)}  # fmt: skip
+  state = state.replace(
+    params=params, opt_state=opt_state, extra=new_extra,
+    num_skipped=state.num_skipped + (~finite).astype(jnp.int32),
+  )  # fmt: skip
+  return state, out
+
+
+# The one jitted step: compiled once per distinct StepConfig (static) and input shapes; the state
+# is donated.
+train_step = jax.jit(_train_step, static_argnames=("cfg",), donate_argnums=(0,))
+
+
 def make_train_step(
   *,
   model_config,
   optimizer: optax.GradientTransformation,
-  objective: str,
+  objective,
   objective_kwargs: dict | None = None,
   num_microbatches: int = 1,
   temperature: float = 1.0,
@@ -127,214 +313,70 @@ def make_train_step(
   on_policy: bool = False,
   fused_loss: bool | str = "auto",
 ):
-  """Builds ``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``.
+  """``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``: the jitted
+  ``train_step`` bound to its ``StepConfig``.
 
   Args:
-    model_config: the ``model.ModelConfig`` (closed over, static).
+    model_config: the ``model.ModelConfig``.
     optimizer: the optax transformation (its state is ``state.opt_state``).
-    objective: a key of ``losses.OBJECTIVES`` (all share one calling convention).
+    objective: an ``ObjectiveSpec`` or a name in ``losses.OBJECTIVES``.
     objective_kwargs: keyword hyperparameters for the objective.
-    num_microbatches: M; B must be divisible by M.
-    temperature: sampling temperature tau (logits are divided by it).
-    chunk_size: T-chunk of the log-prob computation.
-    on_policy: the step batch is the only update on its rollout batch, so old_logp is
-      sg(current logp) and ``batch.old_logp`` is ignored (saves a forward pass).
-    fused_loss: fuse the objective into the log-prob sweep
-      (``logprobs.fused_objective_from_hidden``: three matmul passes over the unembedding instead
-      of four). 'auto' (default): when the objective is token-local (``losses.is_token_local``);
-      True: require it (ValueError otherwise); False: never.
-  The returned function is jitted with ``state`` donated. ``key`` is a typed PRNG key (Clip-Cov
-  draws its per-token noise from it). Objectives with step-scope statistics (``STEP_STAT_OBJECTIVES``
-  at ``scope='step'``) get them from a no-grad pre-pass over the whole step batch
-  (``losses.step_statistics``), so the result does not depend on the micro-batch split. SIREN
-  needs ``state.extra["siren_anchor"]`` (float32, NaN until the first step sets it to that
-  step's H_sel; ``init_siren_extra()``).
+    num_microbatches, temperature, chunk_size, on_policy: see ``StepConfig``.
+    fused_loss: fuse the objective into the log-prob sweep: 'auto' (default) when the objective
+      is token-local with these options (``spec.is_token_local``); True: require it (ValueError
+      otherwise); False: never.
+  ``key`` is a typed PRNG key (the ``step_noise`` inputs are drawn from it). A stateful objective
+  needs ``state.extra`` from ``init_extra(objective, objective_kwargs)``.
   """
+  spec = losses.get_objective(objective) if isinstance(objective, str) else objective
   kwargs = dict(objective_kwargs or {})
-  objective_fn = losses.OBJECTIVES[objective]
-  signature = inspect.signature(objective_fn).parameters
-  wants_noise = "noise" in signature
-  needs_stats = objective in STEP_STAT_OBJECTIVES and kwargs.get("scope", "step") == "step"
-  needs_stats = needs_stats or objective == "siren"  # SIREN always needs the step's H_sel
-  token_local = losses.is_token_local(objective, kwargs)
-  if fused_loss is True and not token_local:
-    raise ValueError(
-      f"fused_loss=True needs a token-local objective (losses.is_token_local); {objective!r} "
-      f"with {sorted(kwargs)} is not (sequence-level ratio, OPSM or scope='micro')"
-    )
+  token_local = spec.is_token_local(kwargs)
   if fused_loss not in (True, False, "auto"):
     raise ValueError(f"fused_loss must be True, False or 'auto', got {fused_loss!r}")
-  fused = token_local and fused_loss in (True, "auto")
+  if fused_loss is True and not token_local:
+    raise ValueError(
+      f"fused_loss=True needs a token-local objective (ObjectiveSpec.is_token_local); "
+      f"{spec.name!r} with {sorted(kwargs)} is not (sequence-level ratio, OPSM or scope='micro')"
+    )
+  cfg = StepConfig(
+    model_config=model_config, optimizer=optimizer, objective=spec,
+    objective_kwargs=tuple(sorted(kwargs.items())), num_microbatches=num_microbatches,
+    temperature=temperature, chunk_size=chunk_size, on_policy=on_policy,
+    fused=token_local and fused_loss in (True, "auto"),
+  )  # fmt: skip
+  return functools.partial(train_step, cfg=cfg)
 
-  def score(params, mb: TrainBatch):
-    """(logp, entropy) [B, T] of the micro-batch's completion tokens under ``params``."""
+
+def _score(params, tokens, positions, num_completion, *, model_config, temperature, chunk_size,
+           num_microbatches):  # fmt: skip
+  def one(xs):
+    tok, pos = xs
     return completion_logprobs(
-      params,
-      mb.tokens,
-      mb.positions,
-      num_completion=mb.completion_mask.shape[1],
-      model_config=model_config,
-      temperature=temperature,
-      chunk_size=chunk_size,
-    )
+      params, tok, pos, num_completion=num_completion, model_config=model_config,
+      temperature=temperature, chunk_size=chunk_size,
+    )  # fmt: skip
 
-  def objective_of(mb: TrainBatch, num_tokens, num_seqs, stats):
-    """(logp, entropy) -> (loss, metrics) of the micro-batch."""
-    extra = {**mb.extras, **stats}
-
-    def run(logp, entropy):
-      # On-policy: the proximal policy is the current one, as a constant.
-      old_logp = jax.lax.stop_gradient(logp) if on_policy else mb.old_logp
-      return objective_fn(
-        logp,
-        old_logp,
-        mb.advantages,
-        mb.completion_mask,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        ref_logp=mb.ref_logp,
-        sampler_logp=mb.sampler_logp,
-        entropy=entropy,
-        **extra,
-        **kwargs,
-      )
-
-    return run
-
-  def loss_fn(params, mb: TrainBatch, num_tokens, num_seqs, stats):
-    run = objective_of(mb, num_tokens, num_seqs, stats)
-    if fused:
-      h, unembed, targets = completion_hidden(
-        params,
-        mb.tokens,
-        mb.positions,
-        num_completion=mb.completion_mask.shape[1],
-        model_config=model_config,
-      )
-      loss, logp, entropy = logprobs.fused_objective_from_hidden(
-        h,
-        unembed,
-        targets,
-        lambda lp, ent: run(lp, ent)[0],
-        temperature=temperature,
-        logp_fill=mb.sampler_logp,
-      )
-      _, metrics = run(logp, entropy)  # on the constants: metrics only
-    else:
-      logp, entropy = score(params, mb)
-      loss, metrics = run(logp, entropy)
-    m = mb.completion_mask
-    gap = jnp.abs(jax.lax.stop_gradient(logp) - mb.sampler_logp)
-    metrics = dict(metrics)
-    metrics.setdefault("entropy/mean", _masked_pair(jax.lax.stop_gradient(entropy), m))
-    metrics["logp_gap/mean"] = _masked_pair(gap, m)
-    metrics["logp_gap/max"] = (jnp.max(jnp.where(m, gap, 0.0)), jnp.float32(1.0))
-    return loss, metrics
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-  def step_stats(params, batch: TrainBatch, num_tokens, num_seqs):
-    """Step-scope statistics (METHODS.md 1.3) from a no-grad pre-pass over the whole batch."""
-    if not needs_stats:
-      return {}
-    logp, entropy = jax.lax.map(lambda mb: score(params, mb), _split(batch, num_microbatches))
-    logp = jax.lax.stop_gradient(logp.reshape(batch.completion_mask.shape))
-    entropy = jax.lax.stop_gradient(entropy.reshape(batch.completion_mask.shape))
-    return losses.step_statistics(
-      objective,
-      logp,
-      logp if on_policy else batch.old_logp,
-      batch.advantages,
-      batch.completion_mask,
-      num_tokens=num_tokens,
-      num_seqs=num_seqs,
-      entropy=entropy,
-      noise=batch.extras.get("noise"),
-      proxy_logp=batch.extras.get("proxy_logp"),
-      **kwargs,
-    )
-
-  def train_step(state: TrainState, batch: TrainBatch, num_tokens, num_seqs, key):
-    num_tokens = jnp.asarray(num_tokens, jnp.float32)
-    num_seqs = jnp.asarray(num_seqs, jnp.float32)
-    if wants_noise:  # Clip-Cov's random subset: one uniform draw per token of the step batch
-      noise = jax.random.uniform(key, batch.completion_mask.shape, jnp.float32)
-      batch = dataclasses.replace(batch, extras={**batch.extras, "noise": noise})
-    stats = step_stats(state.params, batch, num_tokens, num_seqs)
-    extra_state = state.extra
-    if objective == "siren":
-      # SIREN's anchor is H_sel of the first step batch, then frozen (carried in state.extra).
-      old_anchor = state.extra["siren_anchor"]
-      anchor = jnp.where(jnp.isnan(old_anchor), stats["siren_selected_entropy"], old_anchor)
-      stats = {**stats, "siren_anchor": anchor}
-      extra_state = {**state.extra, "siren_anchor": anchor}
-    mbs = _split(batch, num_microbatches)
-    first = jax.tree.map(lambda x: x[0], mbs)
-    (loss, metrics), grads = grad_fn(state.params, first, num_tokens, num_seqs, stats)
-    if num_microbatches > 1:
-
-      def body(carry, mb):
-        loss_acc, metrics_acc, grads_acc = carry
-        (mb_loss, mt), g = grad_fn(state.params, mb, num_tokens, num_seqs, stats)
-        grads_acc = jax.tree.map(jnp.add, grads_acc, g)
-        return (loss_acc + mb_loss, losses.merge_metrics(metrics_acc, mt), grads_acc), None
-
-      rest = jax.tree.map(lambda x: x[1:], mbs)
-      (loss, metrics, grads), _ = jax.lax.scan(body, (loss, metrics, grads), rest)
-
-    grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    # Non-finite gradients would poison the optimiser moments: zero them before the update and
-    # then keep the old params / state (the update below is discarded anyway).
-    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-    updates, new_opt_state = optimizer.update(safe_grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    out = {k: v for k, v in losses.finalize_metrics(metrics).items()}
-    out.update(
-      loss=loss,
-      grad_norm=grad_norm,
-      param_norm=optax.global_norm(state.params),
-      update_norm=jnp.where(finite, optax.global_norm(updates), 0.0),
-      skipped=(~finite).astype(jnp.float32),
-    )
-    state = state.replace(
-      params=keep(new_params, state.params),
-      opt_state=keep(new_opt_state, state.opt_state),
-      num_skipped=state.num_skipped + (~finite).astype(jnp.int32),
-      extra=extra_state,
-    )
-    return state, out
-
-  return jax.jit(train_step, donate_argnums=(0,))
+  tok, pos = split_microbatches((tokens, positions), num_microbatches)
+  logp, ent = jax.lax.map(one, (tok, pos))
+  b = tokens.shape[0]
+  return logp.reshape(b, -1), ent.reshape(b, -1)
 
 
-@functools.lru_cache(maxsize=16)
+# The no-grad scoring pass, jitted once per static configuration.
+score_logprobs = jax.jit(
+  _score,
+  static_argnames=("num_completion", "model_config", "temperature", "chunk_size",
+                   "num_microbatches"),
+)  # fmt: skip
+
+
 def make_score_fn(
   *, model_config, temperature: float = 1.0, chunk_size: int = 128, num_microbatches=1
 ):
-  """Builds jitted ``score(params, tokens, positions, num_completion) -> (logp, entropy)``.
-
-  A no-grad pass (old_logp before several updates, reference log-probs), run over micro-batches
-  of B / M rows to bound memory. ``num_completion`` (T) is static.
-  """
-
-  def score(params, tokens, positions, num_completion):
-    def one(xs):
-      tok, pos = xs
-      return completion_logprobs(
-        params,
-        tok,
-        pos,
-        num_completion=num_completion,
-        model_config=model_config,
-        temperature=temperature,
-        chunk_size=chunk_size,
-      )
-
-    tok, pos = _split((tokens, positions), num_microbatches)
-    logp, ent = jax.lax.map(one, (tok, pos))
-    b = tokens.shape[0]
-    return logp.reshape(b, -1), ent.reshape(b, -1)
-
-  return jax.jit(score, static_argnums=(3,))
+  """``score(params, tokens, positions, num_completion) -> (logp, entropy)``: a no-grad pass (old
+  log-probs before several updates, reference log-probs) over micro-batches of B / M rows, the
+  jitted ``score_logprobs`` bound to its static configuration."""
+  return functools.partial(
+    score_logprobs, model_config=model_config, temperature=temperature, chunk_size=chunk_size,
+    num_microbatches=num_microbatches,
+  )  # fmt: skip

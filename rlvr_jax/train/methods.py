@@ -1,0 +1,87 @@
+"""The trainer's view of the method registries (``losses.OBJECTIVES``, ``advantages.ESTIMATORS``,
+``advantages.GROUP_FILTERS``): a configured method is a registered name or an import path
+``package.module:attribute`` naming an ``ObjectiveSpec`` / ``EstimatorSpec`` (or a plain function,
+wrapped with the defaults: a non-token-local objective, a sequence estimator reading the rewards).
+Nothing here or elsewhere in ``train/`` names a method: what the trainer does for one is read
+from its spec (docs/design.md, "Methods are values").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlvr_jax import advantages, losses
+from rlvr_jax.rewards.registry import import_reward
+
+# What the rollout collector can hand an estimator (``EstimatorSpec.reads``): the rewards, the
+# completion mask, the ids of the extracted answers, the reward of one extra greedy rollout, and
+# from the reward result the components of a component reward and per-token rewards (the last two
+# only when the configured reward gives them: the collector says so, naming the estimator).
+PROVIDED_READS = frozenset(
+  {"rewards", "completion_mask", "answer_ids", "greedy_rewards", "reward_components",
+   "token_rewards"}
+)  # fmt: skip
+# Where the trainer gets an objective's extra inputs from (``losses.Input.source``).
+PROVIDED_SOURCES = frozenset({"step_noise", "proxy_logp", "estimator", "caller"})
+
+
+def import_path(path: str):
+  """The object at ``package.module:attribute`` (issue 14's resolver, shared with rewards)."""
+  try:
+    return import_reward(path)
+  except (ImportError, AttributeError) as e:
+    raise ValueError(f"{path!r}: {e}") from e
+
+
+def objective(name: str) -> losses.ObjectiveSpec:
+  """The spec of ``objective.name``: registered, or imported from ``module:attribute`` and
+  registered under that path on first use."""
+  if name in losses.OBJECTIVES or ":" not in name:
+    return losses.get_objective(name)
+  obj = import_path(name)
+  if isinstance(obj, losses.ObjectiveSpec):
+    spec = dataclasses.replace(obj, name=name)
+  elif callable(obj):
+    spec = losses.ObjectiveSpec(name, obj, paper=f"user objective {name}")
+  else:
+    raise ValueError(f"{name!r}: expected an ObjectiveSpec or a function, got {type(obj).__name__}")
+  return losses.register_objective(spec)
+
+
+def estimator(name: str) -> advantages.EstimatorSpec:
+  """The spec of ``rl.advantage``: registered, or imported from ``module:attribute``."""
+  if name in advantages.ESTIMATORS or ":" not in name:
+    return advantages.get_estimator(name)
+  obj = import_path(name)
+  if isinstance(obj, advantages.EstimatorSpec):
+    spec = dataclasses.replace(obj, name=name)
+  elif callable(obj):
+    spec = advantages.EstimatorSpec(name, obj, paper=f"user estimator {name}")
+  else:
+    raise ValueError(f"{name!r}: expected an EstimatorSpec or a function, got {type(obj).__name__}")
+  return advantages.register_estimator(spec)
+
+
+def array_kwargs() -> frozenset[str]:
+  """Keyword arguments of any registered objective that are arrays the trainer fills or state,
+  not settings (derived from the specs)."""
+  out = set(losses.registry.BATCH_KWARGS)
+  for spec in losses.OBJECTIVES.values():
+    out |= spec.array_kwargs()
+  return frozenset(out)
+
+
+def check_pair(obj: losses.ObjectiveSpec, est: advantages.EstimatorSpec) -> str | None:
+  """Why this objective and estimator cannot train together, or None: every read of the
+  estimator must be provided, every input of the objective must have a source, and the
+  estimator's extra outputs must be exactly the objective's ``estimator`` inputs."""
+  missing = [r for r in est.reads if r not in PROVIDED_READS]
+  if missing:
+    return f"estimator {est.name!r} reads {missing}, which the trainer does not provide"
+  wanted = sorted(i.name for i in obj.inputs_from("estimator"))
+  if wanted != sorted(est.outputs):
+    return (
+      f"objective {obj.name!r} reads {wanted} from the estimator and estimator {est.name!r} "
+      f"returns {sorted(est.outputs)}: pair them so these agree"
+    )
+  return None
