@@ -178,7 +178,8 @@ CONFIG_ERRORS = [
   (
     _set("reward.components.a.name", "arithmatic"),
     r"components\.a\.name: 'arithmatic' is not a library reward; did you mean 'arithmetic'\?"
-    r" Valid names: arithmetic, code, cosine, countdown, format, humaneval, laser, math, overlong",
+    r" Valid names: arithmetic, co_reward, code, cosine, countdown, format, humaneval, laser,"
+    r" majority_vote, math, overlong",
   ),
   (_set("reward.components.a.fn", "x:y"), r"components\.a: set exactly one of name .* or fn"),
   (

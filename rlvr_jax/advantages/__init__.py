@@ -28,6 +28,12 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``copo_advantages``, ``canon_advantages``;
 * token level ``-> [B, T]``: ``reinforce_plus_plus_advantages``,
   ``reinforce_plus_plus_baseline_advantages``, ``gae_advantages``;
+* dense credit (``[B, T]`` token / step rewards, METHODS.md §5.8-5.9):
+  ``implicit_process_rewards`` (PRIME), ``segment_steps`` (+ ``StepSegments``),
+  ``min_form_credit`` (PURE), ``group_loo_token_rewards``, ``token_rloo_returns``,
+  ``prime_advantages``, ``pure_advantages``; REINFORCE++ takes dense rewards via
+  ``token_rewards=``;
+* RLPR's prompt filter: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``);
 * turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
   ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
   group normalisation shared by CM2 / MatchTIR / A2TGPO / MAPO), ``mapo_advantages``,
@@ -46,8 +52,9 @@ Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (
 ``common`` (validity masks, group reshapes, scoped statistics, zero-variance handling, metrics),
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
-(REINFORCE++, its baseline variant, GAE), ``turns`` (turn-level returns and advantages). The
-package imports only jax (``tests/test_import_rules.py`` checks it).
+(REINFORCE++, its baseline variant, GAE), ``process`` (dense credit: PRIME, PURE, step
+segmentation), ``std_filter`` (RLPR's std filter), ``turns`` (turn-level returns and
+advantages). The package imports only jax (``tests/test_import_rules.py`` checks it).
 """
 
 from rlvr_jax.advantages import baselines  # noqa: F401  (registers verl's extra baselines)
@@ -85,6 +92,16 @@ from rlvr_jax.advantages.passk import (
   pkpo_advantages,
   pkpo_rewards,
 )
+from rlvr_jax.advantages.process import (
+  StepSegments,
+  group_loo_token_rewards,
+  implicit_process_rewards,
+  min_form_credit,
+  prime_advantages,
+  pure_advantages,
+  segment_steps,
+  token_rloo_returns,
+)
 from rlvr_jax.advantages.registry import (
   DEFAULT_ESTIMATOR,
   ESTIMATORS,
@@ -101,6 +118,11 @@ from rlvr_jax.advantages.riskpo import (
   riskpo_advantages,
   riskpo_init,
   riskpo_tracker_update,
+)
+from rlvr_jax.advantages.std_filter import (
+  StdFilterState,
+  rlpr_std_filter,
+  std_filter_init,
 )
 from rlvr_jax.advantages.token_level import (
   discounted_returns,
@@ -177,4 +199,15 @@ __all__ = [
   "turn_clip_range",
   "turn_group_normalize",
   "turn_values_to_tokens",
+  "StdFilterState",
+  "StepSegments",
+  "group_loo_token_rewards",
+  "implicit_process_rewards",
+  "min_form_credit",
+  "prime_advantages",
+  "pure_advantages",
+  "rlpr_std_filter",
+  "segment_steps",
+  "std_filter_init",
+  "token_rloo_returns",
 ]

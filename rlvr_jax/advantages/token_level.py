@@ -83,6 +83,7 @@ def reinforce_plus_plus_advantages(
   old_logp: jax.Array | None = None,
   ref_logp: jax.Array | None = None,
   kl_coef: float = 0.0,
+  token_rewards: jax.Array | None = None,
   gamma: float = 1.0,
   whiten: bool = True,
   std_ddof: int = 1,
@@ -91,7 +92,7 @@ def reinforce_plus_plus_advantages(
 ) -> jax.Array:
   """REINFORCE++: k1-KL-shaped token returns, whitened over the rollout batch (arXiv 2501.03262).
 
-    u_{b,t} = R_b 𝟙[t = last valid] - β (old_logp - ref_logp)_{b,t}
+    u_{b,t} = R_b 𝟙[t = last valid] - β (old_logp - ref_logp)_{b,t} + d_{b,t}
     Ret_{b,t} = Σ_{t' >= t} γ^{t'-t} u_{b,t'}
     A = (Ret - μ̂) / sqrt(v̂ + 1e-8),   μ̂, v̂ = token-weighted mean / (std_ddof) variance over all
                                         valid tokens of the rollout batch.
@@ -108,19 +109,25 @@ def reinforce_plus_plus_advantages(
     completion_mask: [B, T] bool, B = P * G.
     valid: optional [P, G] bool.
     old_logp, ref_logp: [B, T] float32; both needed when the KL penalty is used (ref_logp given).
-    kl_coef: β.  gamma: γ.  whiten: apply the batch whitening (verl: always).
+    kl_coef: β.
+    token_rewards: optional [B, T] dense rewards d (a process reward, a self-reward) added to u.
+    gamma: γ.  whiten: apply the batch whitening (verl: always).
     std_ddof, epsilon: of the whitening variance.  axis_name: mesh axis inside ``shard_map``.
 
   Returns:
     [B, T] float32 advantages, 0 on masked tokens and invalid rows.
   """
   rewards, mask = _row_setup(rewards, completion_mask, valid)
+  dense = token_rewards
   token_rewards = _outcome_on_last_token(rewards.reshape(-1), mask)
   if ref_logp is not None:
     if old_logp is None:
       raise ValueError("reinforce_plus_plus_advantages: ref_logp given without old_logp.")
     _check_tokens(completion_mask, old_logp=old_logp, ref_logp=ref_logp)
     token_rewards = token_rewards - kl_coef * (old_logp - ref_logp)
+  if dense is not None:
+    _check_tokens(completion_mask, token_rewards=dense)
+    token_rewards = token_rewards + jnp.where(mask, dense, 0.0)
   returns = discounted_returns(token_rewards, mask, gamma=gamma)
   if not whiten:
     return returns

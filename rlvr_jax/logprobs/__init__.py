@@ -12,6 +12,9 @@ Parts (the formulas and the memory argument are in each part's docstring):
   each logits tile in the backward pass;
 * ``fused``: ``fused_objective_from_hidden``, the loss gradient taken inside the forward sweep for
   token-local objectives (three matmul passes instead of four);
+* ``model_rewards``: rewards computed by a forward pass (self-certainty, reference-answer
+  likelihood on a spliced sequence and RLPR, LaSeR's last-token self-reward), from the same
+  statistics or hidden states;
 * ``tiles``: the tile math both share (online logsumexp per vocabulary block, the dz rules, input
   checks).
 
@@ -19,6 +22,19 @@ This package imports only jax (``tests/test_import_rules.py`` checks it).
 """
 
 from rlvr_jax.logprobs.fused import DEFAULT_FUSED_CHUNK_SIZE, fused_objective_from_hidden
+from rlvr_jax.logprobs.model_rewards import (
+  ReferenceLikelihood,
+  Spliced,
+  find_marker,
+  last_token_hidden,
+  last_token_self_reward,
+  next_token_logprob,
+  reference_likelihood,
+  rlpr_reward,
+  self_certainty,
+  self_certainty_from_hidden,
+  splice_reference,
+)
 from rlvr_jax.logprobs.token_stats import (
   DEFAULT_CHUNK_SIZE,
   DEFAULT_VOCAB_CHUNK_SIZE,
@@ -33,7 +49,18 @@ __all__ = [
   "DEFAULT_CHUNK_SIZE",
   "DEFAULT_FUSED_CHUNK_SIZE",
   "DEFAULT_VOCAB_CHUNK_SIZE",
+  "ReferenceLikelihood",
+  "Spliced",
   "TokenStats",
+  "find_marker",
+  "last_token_hidden",
+  "last_token_self_reward",
+  "next_token_logprob",
+  "reference_likelihood",
+  "rlpr_reward",
+  "self_certainty",
+  "self_certainty_from_hidden",
+  "splice_reference",
   "fused_objective_from_hidden",
   "token_logprobs_from_hidden",
   "token_logprobs_from_logits",

@@ -58,6 +58,9 @@ Parts (this ``__init__`` is only the public API; the code is in):
   it is token-local, its step statistics, the extra arrays it reads, its state between steps),
   ``register_objective``, and the views ``TOKEN_LOCAL_OBJECTIVES``, ``STEP_STAT_OBJECTIVES``,
   ``is_token_local``, ``step_statistics``.
+* ``auxiliary``: losses added next to the policy loss by reward-model methods: PRIME's implicit
+  PRM cross-entropy (``implicit_prm_loss``, ``implicit_prm_score``; for a second parameter tree)
+  and LaSeR's self-reward MSE (``laser_self_reward_loss``).
 
 The package imports only jax (and ``rlvr_jax.regularizers`` / ``rlvr_jax.types``);
 ``tests/test_import_rules.py`` checks it.
@@ -72,6 +75,11 @@ from rlvr_jax.losses.aggregation import (
   masked_mean,
   masked_sum,
   merge_metrics,
+)
+from rlvr_jax.losses.auxiliary import (
+  implicit_prm_loss,
+  implicit_prm_score,
+  laser_self_reward_loss,
 )
 from rlvr_jax.losses.engine import CommonOptions
 from rlvr_jax.losses.recipes import (
@@ -174,6 +182,9 @@ __all__ = [
   "high_entropy_mask",
   "high_entropy_objective",
   "high_entropy_threshold",
+  "implicit_prm_loss",
+  "implicit_prm_score",
+  "laser_self_reward_loss",
   "is_token_local",
   "kl_cov_mask",
   "kl_cov_objective",

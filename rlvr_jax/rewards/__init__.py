@@ -21,6 +21,7 @@ from rlvr_jax.rewards.code_sandbox import (
 from rlvr_jax.rewards.combine import CombinedReward
 from rlvr_jax.rewards.format_reward import FormatReward, format_ok
 from rlvr_jax.rewards.humaneval_reward import HumanEvalReward
+from rlvr_jax.rewards.label_free import CoReward, MajorityVoteReward, answer_key, majority
 from rlvr_jax.rewards.length import (
   CosineReward,
   LaserReward,
@@ -62,6 +63,7 @@ from rlvr_jax.rewards.tasks import (
 
 __all__ = [
   "ArithmeticReward",
+  "CoReward",
   "CodeReward",
   "CombinedReward",
   "CosineReward",
@@ -72,6 +74,7 @@ __all__ = [
   "ItemReward",
   "ItemTimeout",
   "LaserReward",
+  "MajorityVoteReward",
   "MathReward",
   "OverlongReward",
   "RepetitionReward",
@@ -84,6 +87,7 @@ __all__ = [
   "RewardRuntime",
   "SandboxLimits",
   "SandboxResult",
+  "answer_key",
   "as_item_reward",
   "build_library_reward",
   "check_countdown",
@@ -97,6 +101,7 @@ __all__ = [
   "laser_d_choose_targets",
   "laser_reward",
   "evaluate_expression",
+  "majority",
   "math_equal",
   "normalize_answer",
   "overlong_penalty",

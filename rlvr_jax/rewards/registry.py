@@ -26,6 +26,7 @@ from typing import Any
 from rlvr_jax.rewards.code_reward import CodeReward
 from rlvr_jax.rewards.format_reward import FormatReward
 from rlvr_jax.rewards.humaneval_reward import HumanEvalReward
+from rlvr_jax.rewards.label_free import CoReward, MajorityVoteReward
 from rlvr_jax.rewards.length import CosineReward, LaserReward, OverlongReward, RepetitionReward
 from rlvr_jax.rewards.math_reward import MathReward
 from rlvr_jax.rewards.reasoning_gym_reward import ReasoningGymReward
@@ -41,6 +42,8 @@ REWARDS: dict[str, type] = {
   "laser": LaserReward,
   "repetition": RepetitionReward,
   "code": CodeReward,
+  "majority_vote": MajorityVoteReward,
+  "co_reward": CoReward,
   "reasoning_gym": ReasoningGymReward,  # data.source="reasoning_gym" records (their score_answer)
   "humaneval": HumanEvalReward,  # data.source="humaneval" records, in the code sandbox
 }

@@ -19,7 +19,7 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
-from rlvr_jax.train import methods, reward_config
+from rlvr_jax.train import methods, model_rewards, prime, reward_config
 
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
@@ -160,6 +160,8 @@ def base_config() -> ConfigDict:
     )
   )
   c.reward = reward_config.reward_section()  # name or components: see train/reward_config.py
+  c.model_reward = model_rewards.model_reward_section()  # on-device rewards: train/model_rewards
+  c.prime = prime.prime_section()  # PRIME's implicit PRM (a second parameter tree): train/prime
   c.sampling = ConfigDict(
     # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
     dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5, phase_steps=32)
@@ -306,6 +308,21 @@ def validate(c) -> None:
   _need(c.data.num_eval >= 1, "data.num_eval", f"must be >= 1, got {c.data.num_eval}")
   _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
   reward_config.validate_reward(c)  # names, import paths, kwargs: builds the reward once
+  model_rewards.validate_model_reward(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
+  _need(
+    (c.rl.advantage == "prime") == bool(c.prime.enabled),
+    "prime.enabled",
+    "PRIME needs both prime.enabled=True and rl.advantage='prime' (the implicit PRM's token "
+    f"rewards feed that estimator); got enabled={c.prime.enabled}, advantage={c.rl.advantage!r}",
+  )
+  _need(c.prime.learning_rate > 0, "prime.learning_rate", "must be > 0")
+  multiturn = c.get("env") is not None and bool(c.env.id)
+  _need(
+    not (multiturn and (c.prime.enabled or c.model_reward.name)),
+    "env.id",
+    "PRIME and config.model_reward are single-turn only (not wired into the episode collector)",
+  )
+  _need(c.prime.beta > 0, "prime.beta", "must be > 0")
   s = c.sampling
   _need(s.num_samples >= 2, "sampling.num_samples", f"group RL needs G >= 2, got {s.num_samples}")
   _need(s.temperature > 0, "sampling.temperature", f"must be > 0, got {s.temperature}")

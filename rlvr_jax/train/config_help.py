@@ -17,6 +17,7 @@ import inspect
 from rlvr_jax import advantages, losses
 from rlvr_jax.data import tasks
 from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import model_rewards
 
 FIELD_HELP: dict[str, str] = {
   "seed": "run seed: model initialisation, sampling and shuffling keys",
@@ -76,6 +77,14 @@ FIELD_HELP: dict[str, str] = {
   "reward.example_fields": "extra record fields passed to the reward per row (beyond answer, tests, ...)",
   "reward.num_workers": "reward worker processes",
   "reward.timeout_s": "per-item reward timeout in seconds (a timed-out item is NaN, excluded)",
+  # model-side rewards and PRIME (issue 17: train/model_rewards.py, train/prime.py)
+  "model_reward.name": "on-device reward from the policy's own distribution ('' = off)",
+  "model_reward.weight": "w in R = R_host + w R_model",
+  "model_reward.replace": "R = w R_model: drop the host reward (label-free, e.g. self-certainty)",
+  "model_reward.marker": "text starting the answer span; the reasoning before it is kept (RLPR)",
+  "prime.enabled": "train PRIME's implicit PRM (a second parameter tree); needs rl.advantage=prime",
+  "prime.beta": "beta of the PRM token reward beta (log pi_phi - log pi_ref) and of its score",
+  "prime.learning_rate": "learning rate of the PRM's own Adam",
   # sampling
   "sampling.num_samples": "G: completions sampled per prompt (the group)",
   "sampling.temperature": "sampling temperature of the rollouts",
@@ -154,6 +163,7 @@ CHOICES: dict[str, tuple] = {
   "rl.advantage": tuple(sorted(advantages.ESTIMATORS)),
   "rl.group_filter": tuple(sorted(advantages.GROUP_FILTERS)),
   "rl.zero_variance": config_lib.ZERO_VARIANCE,
+  "model_reward.name": model_rewards.KINDS,
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
   "objective.name": tuple(sorted(losses.OBJECTIVES)),
   "optim.schedule": ("constant", "cosine", "linear"),

@@ -34,7 +34,7 @@ import numpy as np
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
-from rlvr_jax.train import build, evaluate, multiturn, optimizer, rollout, rundir, sft
+from rlvr_jax.train import build, evaluate, multiturn, optimizer, prime, rollout, rundir, sft
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -129,8 +129,21 @@ class Trainer:
     extra = step_lib.init_extra(objective, kwargs)
     if estimator.stateful:
       extra["estimator"] = estimator.init_state(config_lib.advantage_kwargs(c))
-    if r.use_reference:
-      extra["ref_params"] = params
+    if r.use_reference or c.prime.enabled:  # PRIME's token reward is relative to π_ref
+      # A copy: the train step donates the state, and an alias of ``params`` inside it would be
+      # donated twice (INVALID_ARGUMENT at the first update).
+      extra["ref_params"] = jax.tree.map(jnp.copy, params)
+    self.prm_step = None
+    if c.prime.enabled:  # the implicit PRM: a second parameter tree with its own optimiser
+      self.prm_optimizer = prime.prm_optimizer(c)
+      extra.update(prime.init_prm_extra(params, self.prm_optimizer))
+      self.prm_step = prime.make_prm_step(
+        model_config=self.model_config,
+        optimizer=self.prm_optimizer,
+        beta=c.prime.beta,
+        temperature=c.sampling.temperature,
+        chunk_size=r.logprob_chunk,
+      )
     self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
     self.layout.setup(self.state, model_config=self.model_config, optimizer=self.optimizer)
     self.state = self.layout.place_state(self.state)
@@ -192,7 +205,9 @@ class Trainer:
       )
       extra = dict(self.state.extra)
       if "ref_params" in extra:
-        extra["ref_params"] = params
+        extra["ref_params"] = jax.tree.map(jnp.copy, params)  # not an alias (see __init__)
+      if "prm_params" in extra:  # the PRM starts from the warm-started policy too
+        extra.update(prime.init_prm_extra(params, self.prm_optimizer))
       self.state = init_state(params, self.optimizer, self.state.key, extra)
       self.host_state["warm_start_s"] = time.perf_counter() - t0
       self.log(f"warm start done ({self.host_state['warm_start_s']:.1f} s)")
@@ -239,12 +254,14 @@ class Trainer:
     t0 = time.perf_counter()
     step_key = jax.random.fold_in(self.state.key, step)
     adv_state = self.state.extra.get("estimator")
+    prm = {"prm_params": self.state.extra["prm_params"]} if self.prm_step is not None else {}
     batch, adv_state = self.collector.collect(
       self.state.params,
       key=step_key,
       ref_params=self.state.extra.get("ref_params"),
       need_old=self.updates_per_step > 1,
       adv_state=adv_state,
+      **prm,
     )
     if adv_state is not None:
       self.state = self.state.replace(extra={**self.state.extra, "estimator": adv_state})
@@ -266,10 +283,12 @@ class Trainer:
         key = jax.random.fold_in(jax.random.fold_in(step_key, 1 + epoch), m)
         self.state, um = self.train_step(self.state, tb, num_tokens, num_seqs, key)
         update_metrics.append(um)
+    prm_metrics = self._prm_update(batch) if self.prm_step is not None else {}
     # Placed like the old counter: a differently placed input would compile the step again.
     counter = jax.device_put(jnp.asarray(step + 1, jnp.int32), self.state.step.sharding)
     self.state = self.state.replace(step=counter)
     out = dict(batch.metrics)
+    out.update(prm_metrics)
     if update_metrics:
       host = [jax.tree.map(float, jax.device_get(um)) for um in update_metrics]
       for k in host[0]:
@@ -282,6 +301,26 @@ class Trainer:
     out["time/rollout"] = t1 - t0
     out["time/step"] = t2 - t0
     return out
+
+  def _prm_update(self, batch: rollout.RolloutBatch) -> dict:
+    """PRIME: one cross-entropy step of the implicit PRM on this rollout's outcome labels, in the
+    same RL step as the policy update (train/prime.py); the PRM tree lives in ``state.extra``."""
+    tokens, positions = step_lib.sequence_inputs(
+      batch.prompt_tokens, batch.prompt_mask, jnp.asarray(batch.tokens)
+    )
+    labels = np.asarray(batch.correct, np.float32).reshape(-1)
+    extra = dict(self.state.extra)
+    extra["prm_params"], extra["prm_opt_state"], metrics = self.prm_step(
+      extra["prm_params"],
+      extra["prm_opt_state"],
+      tokens,
+      positions,
+      jnp.asarray(batch.completion_mask),
+      jnp.asarray(batch.scores["ref_logp"]),
+      jnp.asarray(labels),
+    )
+    self.state = self.state.replace(extra=extra)
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
   # ------------------------------------------------------------------ checkpoint / eval
   def save(self, step: int, *, force=False) -> None:

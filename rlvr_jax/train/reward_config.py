@@ -285,6 +285,22 @@ def build_reward(c):
   return rewards.CombinedReward(items, weights=weights, gates=tuple(gates))
 
 
+def _check_label_free(c, reward) -> None:
+  """A label-free reward (majority vote, Co-Reward) reports the TRUE outcome as ``correct`` for
+  evaluation; the zero-variance mask would then read labels during training."""
+  parts = reward.rewards.items() if isinstance(reward, rewards.CombinedReward) else [("", reward)]
+  for key, part in parts:
+    label_free = isinstance(part, rewards.MajorityVoteReward | rewards.CoReward)
+    if label_free and part.report_correct and c.rl.zero_variance in ("mask", "refill"):
+      where = f"reward.components.{key}" if key else "reward.name"
+      raise _error(
+        "rl.zero_variance",
+        f"{c.rl.zero_variance!r} reads the outcome 'correct', which the label-free reward at "
+        f"{where} reports from the reference answers (for evaluation only): that would leak "
+        "labels into training. Use rl.zero_variance='keep' (or report_correct=False).",
+      )
+
+
 def _check_source_reward(c) -> None:
   """The verifier of a data source goes with that source (SOURCE_REWARDS), both ways."""
   r = c.reward
@@ -326,6 +342,7 @@ def validate_reward(c) -> None:
     raise _error("reward.timeout_s", "must be > 0")
   _check_source_reward(c)
   reward = build_reward(c)
+  _check_label_free(c, reward)
   try:
     rewards.runtime.dumps_reward(reward)
   except TypeError as e:

@@ -43,6 +43,7 @@ from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import methods, reward_config
+from rlvr_jax.train import model_rewards as model_rewards_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
 
@@ -117,6 +118,17 @@ class Collector:
              for k, v in config_lib.advantage_kwargs(config).items())
     )  # fmt: skip
     self.group_filter = adv_lib.GROUP_FILTERS[config.rl.group_filter]
+    self.model_reward_fn = None
+    m = config.model_reward
+    if m.name:  # on-device rewards (issue 17): one jitted no-grad pass, see train/model_rewards
+      marker = tuple(tokenizer.encode(m.marker, add_special_tokens=False)) if m.marker else ()
+      self.model_reward_fn = model_rewards_lib.make_model_reward_fn(
+        model_config=model_config,
+        kind=m.name,
+        marker_ids=marker,
+        pad_id=self.pad_id,
+        chunk_size=config.rl.logprob_chunk,
+      )
 
   # ------------------------------------------------------------------ pieces
   def prompts(self, records):
@@ -208,8 +220,9 @@ class Collector:
     )
     return completions, self.layout.gather_rewards(future, num_groups, num_samples)
 
-  def _scores(self, params, ref_params, rollout, *, need_old: bool):
-    """Dispatches the no-grad passes (async); returns a dict of device [B_gen, T] arrays."""
+  def _scores(self, params, ref_params, rollout, *, need_old: bool, prm_params=None, answers=None):
+    """Dispatches the no-grad passes (async); returns a dict of device [B_gen, T] arrays (and
+    the [B_gen] ``model_reward`` / ``model_reward/*`` of ``config.model_reward``)."""
     out = {}
     t = rollout.tokens.shape[1]
     tokens, positions = step_lib.sequence_inputs(
@@ -219,6 +232,14 @@ class Collector:
       out["old_logp"], _ = self.score_fn(params, tokens, positions, t)
     if ref_params is not None:
       out["ref_logp"], _ = self.score_fn(ref_params, tokens, positions, t)
+    if prm_params is not None:  # PRIME's implicit PRM (a second parameter tree)
+      out["prm_logp"], _ = self.score_fn(prm_params, tokens, positions, t)
+    if self.model_reward_fn is not None:
+      out.update(
+        model_rewards_lib.score(
+          self.model_reward_fn, self.c.model_reward, self.tokenizer, params, rollout, answers
+        )
+      )
     for inp in self.objective.inputs_from("proxy_logp"):
       out[inp.name] = proxy_logprobs(
         params, tokens, positions, num_completion=t, model_config=self.model_config
@@ -226,14 +247,17 @@ class Collector:
     return out
 
   # ------------------------------------------------------------------ main entry
-  def collect(self, params, *, key, ref_params=None, need_old=False, adv_state=None):
+  def collect(
+    self, params, *, key, ref_params=None, need_old=False, adv_state=None, prm_params=None
+  ):
     """One rollout batch of P groups; returns (RolloutBatch, new advantage state)."""
     with self.layout.context():
       params = self.layout.sampling_params(params)
       ref_params = self.layout.sampling_params(ref_params)
-      return self._collect(params, key, ref_params, need_old, adv_state)
+      prm_params = self.layout.sampling_params(prm_params)
+      return self._collect(params, key, ref_params, need_old, adv_state, prm_params)
 
-  def _collect(self, params, key, ref_params, need_old, adv_state):
+  def _collect(self, params, key, ref_params, need_old, adv_state, prm_params=None):
     c = self.c
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
     reads = self.estimator.reads
@@ -254,8 +278,11 @@ class Collector:
       metrics["time/sample"] += t1 - t0
       completions, future = self._submit_local(texts, records, rollout, G_gen, P)
       # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
+      answers = [r.get("answer", "") for r in records for _ in range(G_gen)]
       scores = self.layout.gather_rollout(
-        self._scores(params, ref_params, rollout, need_old=need_old)
+        self._scores(
+          params, ref_params, rollout, need_old=need_old, prm_params=prm_params, answers=answers
+        )
       )
       result = future.result()
       metrics["time/reward"] += time.perf_counter() - t1
@@ -264,12 +291,26 @@ class Collector:
       host = jax.tree.map(np.asarray, rollout)
       scores = {k: np.asarray(v) for k, v in scores.items()}
       rewards = result.rewards.reshape(P, G_gen)
+      if "model_reward" in scores:  # R = R_host + w R_model (or w R_model with replace)
+        rewards, model_metrics = model_rewards_lib.apply(
+          scores, result.rewards, self.c.model_reward
+        )
+        rewards = rewards.reshape(P, G_gen)
+        reward_metrics[-1] = {**reward_metrics[-1], **model_metrics}
       correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
       correct = correct.reshape(P, G_gen)
       greedy = rewards[:, G] if greedy_row else np.full(P, np.nan, np.float32)
       rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
       zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
-      row_inputs = _row_inputs(result, reads, P * G_gen)
+      if "prm_logp" in scores:  # PRIME: the token rewards come from the implicit PRM, not the host
+        row_inputs = _row_inputs(result, tuple(k for k in reads if k != "token_rewards"), P * G_gen)
+        row_inputs["token_rewards"] = np.asarray(
+          adv_lib.implicit_process_rewards(
+            scores.pop("prm_logp"), scores["ref_logp"], host.completion_mask, beta=c.prime.beta
+          )
+        )
+      else:
+        row_inputs = _row_inputs(result, reads, P * G_gen)
       for p in range(P):
         rows = slice(p * G_gen, p * G_gen + G)
         g = dict(
@@ -434,9 +475,16 @@ def merge_reward_metrics(reward_metrics: list[dict], *, exclude=()) -> dict:
   ``reward/<name>/mean`` and ``reward/<name>/failures``, ``reward/fail/<cause>``, times) over
   the generation rounds of one step: counts summed, the rest averaged over the rounds (all
   generated rows, so with ``zero_variance='refill'`` also the dropped groups). Keys in
-  ``exclude`` (the collector's own ``reward/mean`` over the kept groups, ...) are left out."""
+  ``exclude`` (the collector's own ``reward/mean`` over the kept groups, ...) are left out.
+  A reward's own metrics without the ``reward/`` prefix (a component's ``<name>/<key>``, the
+  label-free collapse monitor) are logged under ``reward/``."""
   out = {}
-  keys = {k for m in reward_metrics for k in m if k.startswith("reward/") and k not in exclude}
+  named = [
+    {(k if k.startswith("reward/") else f"reward/{k}"): v for k, v in m.items()}
+    for m in reward_metrics
+  ]
+  reward_metrics = named
+  keys = {k for m in reward_metrics for k in m if k not in exclude}
   for key in sorted(keys):
     vals = np.array([m[key] for m in reward_metrics if key in m], np.float64)
     if any(tag in key for tag in _SUMMED):
