@@ -34,7 +34,17 @@ import numpy as np
 from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
-from rlvr_jax.train import build, evaluate, multiturn, optimizer, prime, rollout, rundir, sft
+from rlvr_jax.train import (
+  build,
+  evaluate,
+  methods,
+  multiturn,
+  optimizer,
+  prime,
+  rollout,
+  rundir,
+  sft,
+)
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -113,7 +123,7 @@ class Trainer:
       "seq_norm_constant", float(c.env.max_tokens if c.env.id else c.sampling.max_new_tokens)
     )
     kwargs.setdefault("group_size", c.sampling.num_samples)
-    objective, estimator = self.collector.objective, self.collector.estimator
+    objective, estimator = methods.objective(c.objective.name), methods.estimator(r.advantage)
     self.train_step = step_lib.make_train_step(
       model_config=self.model_config,
       optimizer=self.optimizer,
