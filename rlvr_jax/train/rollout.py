@@ -468,6 +468,9 @@ def reward_fields(records, num_samples: int, example_fields=()) -> dict:
 
 # Counts are summed over the generation rounds of a step; everything else is averaged.
 _SUMMED = ("/failures", "/fail/", "worker_restarts")
+# Order statistics of one runtime call: neither an average over generation rounds nor one over
+# processes is the batch's value (the collector logs its own mean over the whole batch).
+_PER_CALL = ("reward/std", "reward/min", "reward/max")
 
 
 def merge_reward_metrics(reward_metrics: list[dict], *, exclude=()) -> dict:
@@ -484,7 +487,7 @@ def merge_reward_metrics(reward_metrics: list[dict], *, exclude=()) -> dict:
     for m in reward_metrics
   ]
   reward_metrics = named
-  keys = {k for m in reward_metrics for k in m if k not in exclude}
+  keys = {k for m in reward_metrics for k in m if k not in exclude and k not in _PER_CALL}
   for key in sorted(keys):
     vals = np.array([m[key] for m in reward_metrics if key in m], np.float64)
     if any(tag in key for tag in _SUMMED):
