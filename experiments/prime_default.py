@@ -31,7 +31,7 @@ def _default_config():
 def get_config():
   c = _default_config()
   c.workdir = "runs/prime_default"
-  c.prime.enabled = True
+  c.implicit_prm.enabled = True
   c.rl.advantage = "prime"
   c.rl.zero_variance = "keep"  # PRIME's process reward gives signal in all-equal groups too
   return c

@@ -117,6 +117,7 @@ def _inputs(seed=0):
     "greedy_rewards": jnp.asarray(rng.integers(0, 2, P), jnp.float32),
     "metric": jnp.asarray(rng.uniform(size=(P, G)), jnp.float32),
     "token_rewards": jnp.asarray(rng.normal(size=(B, T)), jnp.float32),
+    "prm_token_rewards": jnp.asarray(rng.normal(size=(B, T)), jnp.float32),
     "values": jnp.asarray(rng.normal(size=(B, T)), jnp.float32),
     "old_logp": jnp.asarray(-rng.uniform(0.1, 2, (B, T)), jnp.float32),
     "sum_pi_squared": jnp.asarray(rng.uniform(0.1, 0.9, (B, T)), jnp.float32),

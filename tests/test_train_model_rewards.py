@@ -9,7 +9,7 @@ import pytest
 
 from rlvr_jax import losses
 from rlvr_jax.model import ModelConfig, forward, init_params
-from rlvr_jax.train import model_rewards, prime
+from rlvr_jax.train import implicit_prm, model_rewards
 from rlvr_jax.train import step as step_lib
 
 CONFIG = ModelConfig.tiny()
@@ -90,7 +90,7 @@ def test_prm_step_is_one_sgd_step_on_the_bce_loss(params):
   labels = jnp.array([1.0, 0.0, np.nan, 1.0])
   prm = jax.tree.map(lambda x: x * 1.02, params)
   opt = optax.sgd(0.3)
-  step = prime.make_prm_step(model_config=CONFIG, optimizer=opt, beta=0.05, temperature=1.0)
+  step = implicit_prm.make_prm_step(model_config=CONFIG, optimizer=opt, beta=0.05, temperature=1.0)
 
   def loss(p):
     logp, _ = step_lib.completion_logprobs(

@@ -15,7 +15,7 @@ WARM = dict(num_steps=60, batch_size=32, learning_rate=1e-2)
 @pytest.mark.slow
 def test_prime_trains_the_prm_and_uses_its_token_advantages(tmp_path):
   c = config_lib.tiny_config(
-    tmp_path, rl=dict(advantage="prime"), prime=dict(enabled=True, learning_rate=1e-2),
+    tmp_path, rl=dict(advantage="prime"), implicit_prm=dict(enabled=True, learning_rate=1e-2),
     warm_start=WARM,
   )  # fmt: skip
   trainer = Trainer(c, log=lambda s: None)
@@ -48,7 +48,7 @@ def test_prime_trains_the_prm_and_uses_its_token_advantages(tmp_path):
 
 
 def test_config_needs_prime_and_its_estimator_together(tmp_path):
-  with pytest.raises(config_lib.ConfigError, match="prime.enabled"):
+  with pytest.raises(config_lib.ConfigError, match="implicit_prm.enabled"):
     config_lib.validate(config_lib.tiny_config(tmp_path, rl=dict(advantage="prime")))
   with pytest.raises(config_lib.ConfigError, match="model_reward.name"):
     config_lib.validate(config_lib.tiny_config(tmp_path, model_reward=dict(name="nope")))

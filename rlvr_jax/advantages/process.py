@@ -346,10 +346,10 @@ def pure_advantages(
 
 
 def _prime_call(spec, inputs, state, hp) -> Estimate:
-  """``rl.advantage="prime"``: the token rewards are the implicit PRM's (the trainer fills them from
-  its PRM pass, ``config.prime``), the rewards the verifier's."""
+  """``rl.advantage="prime"``: the token rewards are the implicit PRM's (``prm_token_rewards``: the
+  trainer fills them from its PRM pass, ``config.implicit_prm``), the rewards the verifier's."""
   adv = prime_advantages(
-    inputs["token_rewards"], inputs["rewards"], inputs["completion_mask"],
+    inputs["prm_token_rewards"], inputs["rewards"], inputs["completion_mask"],
     valid=inputs.get("valid"), **hp,
   )  # fmt: skip
   return Estimate(adv, {}, None)
@@ -360,7 +360,7 @@ register_estimator(
     "prime",
     prime_advantages,
     level="token",
-    reads=("rewards", "completion_mask", "token_rewards"),
+    reads=("rewards", "completion_mask", "prm_token_rewards"),
     call=_prime_call,
     static=("whiten",),
     paper="arXiv 2502.01456",

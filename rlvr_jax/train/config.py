@@ -19,7 +19,7 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
-from rlvr_jax.train import methods, model_rewards, prime, reward_config
+from rlvr_jax.train import implicit_prm, methods, model_rewards, reward_config
 
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
@@ -161,7 +161,9 @@ def base_config() -> ConfigDict:
   )
   c.reward = reward_config.reward_section()  # name or components: see train/reward_config.py
   c.model_reward = model_rewards.model_reward_section()  # on-device rewards: train/model_rewards
-  c.prime = prime.prime_section()  # PRIME's implicit PRM (a second parameter tree): train/prime
+  c.implicit_prm = (
+    implicit_prm.implicit_prm_section()
+  )  # a second parameter tree: train/implicit_prm
   c.sampling = ConfigDict(
     # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
     dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5, phase_steps=32)
@@ -309,20 +311,24 @@ def validate(c) -> None:
   _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
   reward_config.validate_reward(c)  # names, import paths, kwargs: builds the reward once
   model_rewards.validate_model_reward(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
+  try:  # an unknown rl.advantage is reported below, with the choices
+    reads_prm = "prm_token_rewards" in methods.estimator(c.rl.advantage).reads
+  except ValueError:
+    reads_prm = bool(c.implicit_prm.enabled)
   _need(
-    (c.rl.advantage == "prime") == bool(c.prime.enabled),
-    "prime.enabled",
-    "PRIME needs both prime.enabled=True and rl.advantage='prime' (the implicit PRM's token "
-    f"rewards feed that estimator); got enabled={c.prime.enabled}, advantage={c.rl.advantage!r}",
+    reads_prm == bool(c.implicit_prm.enabled),
+    "implicit_prm.enabled",
+    "the implicit PRM and an estimator that reads its token rewards (prm_token_rewards) go "
+    f"together; got enabled={c.implicit_prm.enabled}, advantage={c.rl.advantage!r}",
   )
-  _need(c.prime.learning_rate > 0, "prime.learning_rate", "must be > 0")
+  _need(c.implicit_prm.learning_rate > 0, "implicit_prm.learning_rate", "must be > 0")
   multiturn = c.get("env") is not None and bool(c.env.id)
   _need(
-    not (multiturn and (c.prime.enabled or c.model_reward.name)),
+    not (multiturn and (c.implicit_prm.enabled or c.model_reward.name)),
     "env.id",
-    "PRIME and config.model_reward are single-turn only (not wired into the episode collector)",
+    "the implicit PRM and config.model_reward are single-turn only (not in the episode collector)",
   )
-  _need(c.prime.beta > 0, "prime.beta", "must be > 0")
+  _need(c.implicit_prm.beta > 0, "implicit_prm.beta", "must be > 0")
   s = c.sampling
   _need(s.num_samples >= 2, "sampling.num_samples", f"group RL needs G >= 2, got {s.num_samples}")
   _need(s.temperature > 0, "sampling.temperature", f"must be > 0, got {s.temperature}")

@@ -77,14 +77,14 @@ FIELD_HELP: dict[str, str] = {
   "reward.example_fields": "extra record fields passed to the reward per row (beyond answer, tests, ...)",
   "reward.num_workers": "reward worker processes",
   "reward.timeout_s": "per-item reward timeout in seconds (a timed-out item is NaN, excluded)",
-  # model-side rewards and PRIME (issue 17: train/model_rewards.py, train/prime.py)
+  # model-side rewards and the implicit PRM (issue 17: train/model_rewards.py, train/implicit_prm.py)
   "model_reward.name": "on-device reward from the policy's own distribution ('' = off)",
   "model_reward.weight": "w in R = R_host + w R_model",
   "model_reward.replace": "R = w R_model: drop the host reward (label-free, e.g. self-certainty)",
   "model_reward.marker": "text starting the answer span; the reasoning before it is kept (RLPR)",
-  "prime.enabled": "train PRIME's implicit PRM (a second parameter tree); needs rl.advantage=prime",
-  "prime.beta": "beta of the PRM token reward beta (log pi_phi - log pi_ref) and of its score",
-  "prime.learning_rate": "learning rate of the PRM's own Adam",
+  "implicit_prm.enabled": "train an implicit PRM (second tree); needs an estimator reading its rewards",
+  "implicit_prm.beta": "beta of the PRM token reward beta (log pi_phi - log pi_ref) and of its score",
+  "implicit_prm.learning_rate": "learning rate of the PRM's own Adam",
   # sampling
   "sampling.num_samples": "G: completions sampled per prompt (the group)",
   "sampling.temperature": "sampling temperature of the rollouts",

@@ -37,10 +37,10 @@ from rlvr_jax import metrics as metrics_lib
 from rlvr_jax.train import (
   build,
   evaluate,
+  implicit_prm,
   methods,
   multiturn,
   optimizer,
-  prime,
   rollout,
   rundir,
   sft,
@@ -139,18 +139,18 @@ class Trainer:
     extra = step_lib.init_extra(objective, kwargs)
     if estimator.stateful:
       extra["estimator"] = estimator.init_state(config_lib.advantage_kwargs(c))
-    if r.use_reference or c.prime.enabled:  # PRIME's token reward is relative to π_ref
+    if r.use_reference or c.implicit_prm.enabled:  # the PRM's token reward is relative to π_ref
       # A copy: the train step donates the state, and an alias of ``params`` inside it would be
       # donated twice (INVALID_ARGUMENT at the first update).
       extra["ref_params"] = jax.tree.map(jnp.copy, params)
     self.prm_step = None
-    if c.prime.enabled:  # the implicit PRM: a second parameter tree with its own optimiser
-      self.prm_optimizer = prime.prm_optimizer(c)
-      extra.update(prime.init_prm_extra(params, self.prm_optimizer))
-      self.prm_step = prime.make_prm_step(
+    if c.implicit_prm.enabled:  # the implicit PRM: a second parameter tree with its own optimiser
+      self.prm_optimizer = implicit_prm.prm_optimizer(c)
+      extra.update(implicit_prm.init_prm_extra(params, self.prm_optimizer))
+      self.prm_step = implicit_prm.make_prm_step(
         model_config=self.model_config,
         optimizer=self.prm_optimizer,
-        beta=c.prime.beta,
+        beta=c.implicit_prm.beta,
         temperature=c.sampling.temperature,
         chunk_size=r.logprob_chunk,
       )
@@ -217,7 +217,7 @@ class Trainer:
       if "ref_params" in extra:
         extra["ref_params"] = jax.tree.map(jnp.copy, params)  # not an alias (see __init__)
       if "prm_params" in extra:  # the PRM starts from the warm-started policy too
-        extra.update(prime.init_prm_extra(params, self.prm_optimizer))
+        extra.update(implicit_prm.init_prm_extra(params, self.prm_optimizer))
       self.state = init_state(params, self.optimizer, self.state.key, extra)
       self.host_state["warm_start_s"] = time.perf_counter() - t0
       self.log(f"warm start done ({self.host_state['warm_start_s']:.1f} s)")
@@ -313,8 +313,8 @@ class Trainer:
     return out
 
   def _prm_update(self, batch: rollout.RolloutBatch) -> dict:
-    """PRIME: one cross-entropy step of the implicit PRM on this rollout's outcome labels, in the
-    same RL step as the policy update (train/prime.py); the PRM tree lives in ``state.extra``."""
+    """One cross-entropy step of the implicit PRM on this rollout's outcome labels, in the
+    same RL step as the policy update (train/implicit_prm.py); the PRM tree lives in ``state.extra``."""
     tokens, positions = step_lib.sequence_inputs(
       batch.prompt_tokens, batch.prompt_mask, jnp.asarray(batch.tokens)
     )

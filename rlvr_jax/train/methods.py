@@ -16,10 +16,11 @@ from rlvr_jax.rewards.registry import import_reward
 # What the rollout collector can hand an estimator (``EstimatorSpec.reads``): the rewards, the
 # completion mask, the ids of the extracted answers, the reward of one extra greedy rollout, and
 # from the reward result the components of a component reward and per-token rewards (the last two
-# only when the configured reward gives them: the collector says so, naming the estimator).
+# only when the configured reward gives them: the collector says so, naming the estimator), and the
+# token rewards of the implicit PRM when ``implicit_prm.enabled`` (the config ties the two).
 PROVIDED_READS = frozenset(
   {"rewards", "completion_mask", "answer_ids", "greedy_rewards", "reward_components",
-   "token_rewards"}
+   "token_rewards", "prm_token_rewards"}
 )  # fmt: skip
 # Where the trainer gets an objective's extra inputs from (``losses.Input.source``).
 PROVIDED_SOURCES = frozenset({"step_noise", "proxy_logp", "estimator", "caller"})

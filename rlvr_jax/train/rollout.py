@@ -232,7 +232,7 @@ class Collector:
       out["old_logp"], _ = self.score_fn(params, tokens, positions, t)
     if ref_params is not None:
       out["ref_logp"], _ = self.score_fn(ref_params, tokens, positions, t)
-    if prm_params is not None:  # PRIME's implicit PRM (a second parameter tree)
+    if prm_params is not None:  # the implicit PRM (a second parameter tree)
       out["prm_logp"], _ = self.score_fn(prm_params, tokens, positions, t)
     if self.model_reward_fn is not None:
       out.update(
@@ -302,15 +302,14 @@ class Collector:
       greedy = rewards[:, G] if greedy_row else np.full(P, np.nan, np.float32)
       rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
       zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
-      if "prm_logp" in scores:  # PRIME: the token rewards come from the implicit PRM, not the host
-        row_inputs = _row_inputs(result, tuple(k for k in reads if k != "token_rewards"), P * G_gen)
-        row_inputs["token_rewards"] = np.asarray(
+      row_inputs = _row_inputs(result, reads, P * G_gen)
+      if "prm_logp" in scores:  # the implicit PRM's token rewards (train/implicit_prm.py)
+        row_inputs["prm_token_rewards"] = np.asarray(
           adv_lib.implicit_process_rewards(
-            scores.pop("prm_logp"), scores["ref_logp"], host.completion_mask, beta=c.prime.beta
+            scores.pop("prm_logp"), scores["ref_logp"], host.completion_mask,
+            beta=c.implicit_prm.beta,
           )
-        )
-      else:
-        row_inputs = _row_inputs(result, reads, P * G_gen)
+        )  # fmt: skip
       for p in range(P):
         rows = slice(p * G_gen, p * G_gen + G)
         g = dict(
@@ -415,7 +414,7 @@ class Collector:
     if "greedy_rewards" in reads:
       greedy_rewards = np.array([g["greedy_reward"] for g in groups], np.float32)
       inputs["greedy_rewards"] = greedy_rewards
-    for k in ("reward_components", "token_rewards"):
+    for k in ("reward_components", "token_rewards", "prm_token_rewards"):
       if k in reads:
         v = np.concatenate([g["inputs"][k] for g in groups], axis=0)
         inputs[k] = v.reshape(*rewards.shape, -1) if k == "reward_components" else v

@@ -1,15 +1,16 @@
-"""PRIME in the trainer: the implicit process reward model as a second parameter tree.
+"""The implicit process reward model (PRM) as a second parameter tree, trained in the RL step.
 
-Config section ``config.prime``::
+Config section ``config.implicit_prm``::
 
   enabled        train an implicit PRM π_φ (initialised from the policy after the warm start)
   beta           β_φ of r_t = β (log π_φ − log π_ref) and of the PRM score (0.05)
   learning_rate  of the PRM's own Adam (the release: 1e-6 for 7B models)
 
-The estimator (``rl.advantage="prime"``, ``advantages.prime_advantages``: process coefficient 5 as
-the release, outcome 1) reads the PRM's token rewards as its ``token_rewards`` input.
+Estimators that read ``prm_token_rewards`` (``advantages.ESTIMATORS``: the implicit-PRM method of
+arXiv 2502.01456) get the PRM's token rewards; the config requires the section and such an
+estimator together.
 
-Per RL step (PRIME's Algorithm 1 order): the collector scores the rollout with π_φ and π_ref (no
+Per RL step (the paper's Algorithm 1 order): the collector scores the rollout with π_φ and π_ref (no
 grad) and turns the token rewards into advantages with the verifier outcome; then the PRM tree is
 updated by one cross-entropy step on that rollout's outcome labels
 (``losses.implicit_prm_loss``) in the same RL step as the policy update. The PRM params and its
@@ -30,12 +31,12 @@ from rlvr_jax import losses
 from rlvr_jax.train import step as step_lib
 
 
-def prime_section() -> ConfigDict:
+def implicit_prm_section() -> ConfigDict:
   return ConfigDict(dict(enabled=False, beta=0.05, learning_rate=1e-4))
 
 
 def prm_optimizer(c) -> optax.GradientTransformation:
-  return optax.adam(c.prime.learning_rate)
+  return optax.adam(c.implicit_prm.learning_rate)
 
 
 def init_prm_extra(params, optimizer: optax.GradientTransformation) -> dict:
