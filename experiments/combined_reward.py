@@ -29,19 +29,15 @@ overlong about 0): they guard against drift rather than drive learning here. See
 docs/results.md for a recorded run.
 """
 
-import importlib.util
 import os
 
+from rlvr_jax import cli
 from rlvr_jax.train.reward_config import reward_component
 
 
 def _default_config():
   """experiments/default.py's config, loaded by path (experiments/ is not a package)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py")
-  spec = importlib.util.spec_from_file_location("_default_experiment", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return cli.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
 
 
 def get_config():

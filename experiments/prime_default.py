@@ -15,17 +15,14 @@ and seed; docs/results.md records both runs, and the PRM's own metrics (``prm/lo
 ``prm/accuracy``: does σ(β Σ log π_φ/π_ref) predict the outcome).
 """
 
-import importlib.util
 import os
+
+from rlvr_jax import cli
 
 
 def _default_config():
   """experiments/default.py's config, loaded by path (experiments/ is not a package)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py")
-  spec = importlib.util.spec_from_file_location("_default_experiment", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return cli.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
 
 
 def get_config():

@@ -20,17 +20,14 @@ both, and a milder warm start (``--config.warm_start.drop_carry_prob=0.3``) wher
 then declines.
 """
 
-import importlib.util
 import os
+
+from rlvr_jax import cli
 
 
 def _default_config():
   """experiments/default.py's config, loaded by path (experiments/ is not a package)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py")
-  spec = importlib.util.spec_from_file_location("_default_experiment", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return cli.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
 
 
 def get_config():

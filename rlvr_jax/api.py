@@ -17,12 +17,12 @@ it, and the whole config is validated before anything is built.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from typing import Any
 
 from ml_collections import ConfigDict
 
+from rlvr_jax import cli
 from rlvr_jax import metrics as metrics_lib
 from rlvr_jax.train import config as config_lib
 
@@ -55,15 +55,14 @@ class RunResult:
 
 
 def load_config(path: str) -> ConfigDict:
-  """``get_config()`` of an experiment file (``experiments/<name>.py``)."""
+  """``get_config()`` of an experiment file (``experiments/<name>.py``): ``cli.load_config``, with
+  its errors as ``ConfigError`` (the type a Python caller catches)."""
   if not os.path.isfile(path):
     raise config_lib.ConfigError(f"config file {path!r}: no such file")
-  spec = importlib.util.spec_from_file_location(f"_rlvr_experiment_{abs(hash(path))}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise config_lib.ConfigError(f"config file {path!r} has no get_config()")
-  return module.get_config()
+  try:
+    return cli.load_config(path)
+  except cli.UsageError as e:
+    raise config_lib.ConfigError(str(e)) from None
 
 
 def _nest(overrides: dict[str, Any]) -> dict:
