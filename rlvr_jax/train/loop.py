@@ -98,19 +98,20 @@ class Trainer:
     log(f"model ready: {num / 1e6:.2f} M parameters ({time.perf_counter() - t0:.1f} s)")
     source, self.heldout = data_lib.build_sources(c.data)
     self.source = self.layout.shard_source(source)  # this process's share of every batch
-    self.runtime = build.build_runtime(c)
-    self.collector = rollout.Collector(
-      config=c,
-      model_config=self.model_config,
-      tokenizer=self.tokenizer,
-      reward_fn=build.build_reward(c),
-      runtime=self.runtime,
-      source=self.source,
-      layout=self.layout,
-    )
-    if self.multiturn:
+    if self.multiturn:  # rewards come from the environments: no reward worker pool
       self.collector = multiturn.MultiTurnCollector(
         config=c, model_config=self.model_config, tokenizer=self.tokenizer, layout=self.layout
+      )
+    else:
+      self.runtime = build.build_runtime(c)
+      self.collector = rollout.Collector(
+        config=c,
+        model_config=self.model_config,
+        tokenizer=self.tokenizer,
+        reward_fn=build.build_reward(c),
+        runtime=self.runtime,
+        source=self.source,
+        layout=self.layout,
       )
     r = c.rl
     self.updates_per_step = r.num_epochs * r.num_minibatches
