@@ -190,6 +190,12 @@ def test_arithmetic_reward_on_generated_problems():
   reward = rewards.ArithmeticReward()
   completions = [f"<answer>{a['answer']}</answer>", "<answer>0.5</answer>", f"so {a['answer']}."]
   np.testing.assert_array_equal(reward(["q"] * 3, completions, answer=[a["answer"]] * 3), [1, 0, 1])
+  # The info columns: the format flag counts only the marked forms (tag or box), not a bare number.
+  completions.append(f"\\boxed{{{a['answer']}}}")
+  out = reward.combine([reward.score_item("q", c, answer=a["answer"]) for c in completions])
+  np.testing.assert_array_equal(out.info["correct"], [1, 0, 1, 1])
+  np.testing.assert_array_equal(out.info["has_answer"], [1, 1, 1, 1])
+  np.testing.assert_array_equal(out.info["formatted"], [1, 1, 0, 1])
 
 
 def test_countdown_generator_and_checker():

@@ -145,9 +145,14 @@ class ItemReward:
     raise NotImplementedError
 
   def combine(self, scores: Sequence[dict | None], **fields: Any) -> RewardOutput:
-    info = {}
-    if any(s is not None and "correct" in s for s in scores):
-      info["correct"] = scores_column(scores, "correct")
+    """Rewards from ``"reward"``; every other numeric key of the items (``correct``,
+    ``has_answer``, ``formatted``, ...) becomes an ``info`` column (NaN on failed items)."""
+    keys: dict[str, None] = {}
+    for s in scores:
+      for k, v in (s or {}).items():
+        if k != "reward" and isinstance(v, (bool, int, float)):
+          keys.setdefault(k)
+    info = {k: scores_column(scores, k) for k in keys}
     return RewardOutput(rewards=scores_column(scores, "reward"), info=info)
 
   def evaluate(self, prompts: Sequence[str], completions: Sequence[str], **fields: Any):

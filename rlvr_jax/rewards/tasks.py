@@ -104,8 +104,11 @@ class ArithmeticReward(protocol.ItemReward):
     if pred is not None:
       value = parse_number(re.sub(r"(?<=\d),(?=\d{3})", "", pred).strip().rstrip("."))
     correct = value is not None and value == Fraction(str(answer).strip())
+    marked = tuple(m for m in self.extract if m != "last_number")
     return {
       "reward": float(correct),
       "correct": float(correct),
       "has_answer": float(pred is not None),
+      # the answer is in the asked-for form (tag / box), not only a number found in the text
+      "formatted": float(bool(marked) and extract_answer(_as_text(completion), marked) is not None),
     }

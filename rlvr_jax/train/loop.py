@@ -445,7 +445,13 @@ def _quiet(_: str) -> None:
 
 
 def _fmt(label: str, ev: dict) -> str:
-  parts = [f"{k.split('/', 1)[1]}={v:.3f}" for k, v in ev.items() if k != "eval/time_s"]
+  parts = []
+  for k, v in ev.items():
+    if k == "eval/time_s" or k.endswith("_se"):
+      continue
+    se = ev.get(f"{k}_se")
+    pm = "" if se is None or se != se else f"+-{se:.3f}"  # se != se: NaN (one problem)
+    parts.append(f"{k.split('/', 1)[1]}={v:.3f}{pm}")
   return f"[{label}] held-out " + " ".join(parts)
 
 

@@ -1,0 +1,24 @@
+"""``experiments/smollm2_learn.py`` with DAPO's clip-higher: the PPO ratio is clipped to
+[1 - 0.2, 1 + 0.28] instead of [0.8, 1.2], everything else equal (same seed, prompts, samples per
+step, two updates per rollout batch, GRPO advantages and per-sequence aggregation). DAPO's claim:
+the higher upper bound lets low-probability tokens with positive advantage grow, so the policy's
+entropy does not collapse the way it does under the symmetric clip. Compare the two runs' entropy
+and held-out curves (docs/results.md).
+
+Command:
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
+    --config=experiments/smollm2_clip_higher.py
+
+Expected result and wall time: see docs/results.md ("Clip-higher against the symmetric clip").
+"""
+
+import os
+
+from rlvr_jax import cli
+
+
+def get_config():
+  c = cli.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_learn.py"))
+  c.workdir = "runs/smollm2_clip_higher"
+  c.objective.kwargs.clip_high = 0.28
+  return c
