@@ -7,6 +7,7 @@ import pytest
 
 from rlvr_jax import api
 from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import platform_info
 
 
 def test_run_returns_metrics_summary_and_checkpoints(tmp_path):
@@ -27,6 +28,10 @@ def test_run_returns_metrics_summary_and_checkpoints(tmp_path):
   assert result.curve("eval/accuracy")[0] == [0, 3]
   assert result.summary["steps"] == 3
   assert result.summary["eval_after"]["eval/accuracy"] == result.curve("eval/accuracy")[1][-1]
+  # the machine and versions the numbers came from (a moved number is not always a code change)
+  assert result.summary["platform"] == platform_info.fingerprint()
+  with open(tmp_path / "run" / "summary.json") as f:
+    assert json.load(f)["platform"] == platform_info.fingerprint()
   assert sorted(os.listdir(result.checkpoint_dir)) == ["2", "3"]
 
 

@@ -41,6 +41,7 @@ from rlvr_jax.train import (
   methods,
   multiturn,
   optimizer,
+  platform_info,
   rollout,
   rundir,
   sft,
@@ -412,6 +413,7 @@ class Trainer:
       "rl_time_s": time.perf_counter() - t_run,
       "steps": stop,
       "last": last,
+      "platform": platform_info.fingerprint(),
     }
     if stop == c.rl.num_steps:
       after = self.evaluate()
