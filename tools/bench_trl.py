@@ -57,8 +57,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 EXPERIMENT = os.path.join(ROOT, "experiments", "smollm2_arithmetic.py")
@@ -353,41 +351,6 @@ def _phase_text(r: dict) -> str:
   return ", ".join(f"{k} {r[k]:.2f} s" for k in ("step", "generation", "reward", "update"))
 
 
-def update_flops_of(shapes) -> float:
-  """Model FLOPs of one update: ``bench_train.update_flops`` summed over its micro-batches."""
-  sys.path.insert(0, HERE)
-  from bench_train import update_flops
-
-  from rlvr_jax.model import ModelConfig
-  from rlvr_jax.model.smollm2 import SMOLLM2_SHAPES
-
-  cfg = ModelConfig.tiny(**SMOLLM2_SHAPES)
-  return sum(update_flops(cfg, rows=b, seq_len=s, completion_len=t) for b, s, t in shapes)
-
-
-def summarise(result: dict) -> dict:
-  """Per side: median phase times and FLOP/s; per round: the ratios TRL / ours."""
-  out = {}
-  m = result["measured"]
-  for side, recs in m.items():
-    med = {k: float(np.median([r[k] for r in recs])) for k in ("step", "generation", "reward")}
-    med["update"] = float(np.median([r["update"] for r in recs]))
-    med["rest"] = float(np.median([r["step"] - r["generation"] - r["reward"] - r["update"] for r in recs]))
-    flops = [update_flops_of(r["shapes"]) / r["update"] for r in recs]
-    peak = result["matmul_peak_flops_per_s"][side]
-    med["update_flops_per_s"] = float(np.median(flops))
-    med["matmul_peak_flops_per_s"] = peak
-    med["fraction_of_peak"] = med["update_flops_per_s"] / peak
-    med["mean_completion_tokens"] = float(np.mean([r["completion_tokens"] / r["rows"] for r in recs]))
-    out[side] = med
-  ratios = {}
-  for k in ("step", "generation", "reward", "update"):
-    r = np.asarray([b[k] for b in m["trl"]]) / np.asarray([a[k] for a in m["ours"]])
-    ratios[k] = {"median": float(np.median(r)), "min": float(r.min()), "max": float(r.max())}
-  out["ratio_trl_over_ours"] = ratios
-  return out
-
-
 def decode_bench(spec: Spec, folder: str, rounds: int) -> dict:
   """tools/bench_sampling.py for batch P*G and T new tokens in the spec's precision."""
   path = os.path.join(folder, f"decode_{spec.dtype}.json")
@@ -403,48 +366,6 @@ def decode_bench(spec: Spec, folder: str, rounds: int) -> dict:
     return json.load(f)[0]
 
 
-def markdown(report: dict) -> str:
-  s = report["settings"]
-  lines = [
-    f"# bench_trl {report['date']}; load before {report['load_before']}, after "
-    f"{report['load_after']}; {report['versions']}",
-    f"P = {s['prompts_per_step']} prompts x G = {s['group_size']}, T = {s['max_new_tokens']} new "
-    f"tokens, M = {s['num_microbatches']} micro-batches; warm-up {report['warmup']}, "
-    f"{report['rounds']} rounds",
-    "",
-    "| precision | trainer | step s | generation s | reward s | update s | rest s | "
-    "TRL / ours step (range) | update GFLOP/s | matmul peak GFLOP/s | fraction | mean completion tokens |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|",
-  ]
-  for dtype, res in report["precisions"].items():
-    if "skipped" in res:
-      lines.append(f"| {dtype} | - | skipped: {res['skipped']} | | | | | | | | | |")
-      continue
-    summ = res["summary"]
-    r = summ["ratio_trl_over_ours"]["step"]
-    for side, name in (("ours", "rlvr_jax"), ("trl", "TRL GRPOTrainer")):
-      d = summ[side]
-      ratio = f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" if side == "trl" else "1.00x"
-      lines.append(
-        f"| {dtype} | {name} | {d['step']:.2f} | {d['generation']:.2f} | {d['reward']:.2f} | "
-        f"{d['update']:.2f} | {d['rest']:.2f} | {ratio} | {d['update_flops_per_s'] / 1e9:.1f} | "
-        f"{d['matmul_peak_flops_per_s'] / 1e9:.1f} | {d['fraction_of_peak']:.2f} | "
-        f"{d['mean_completion_tokens']:.1f} |"
-      )
-  lines += ["", "| precision | batch | new tokens | ours tok/s | transformers generate tok/s | "
-            "ours / transformers (range) |", "|---|---|---|---|---|---|"]  # fmt: skip
-  for dtype, d in report["decode"].items():
-    if "error" in d:
-      lines.append(f"| {dtype} | | | failed: {d['error']} | | |")
-      continue
-    r = np.asarray(d["ratio_dynamic_over_ours"])
-    lines.append(
-      f"| {dtype} | {d['batch']} | {d['new_tokens']} | {d['tokens_per_s']['ours']:.0f} | "
-      f"{d['tokens_per_s']['dyn']:.0f} | {np.median(r):.2f}x ({r.min():.2f}-{r.max():.2f}) |"
-    )
-  return "\n".join(lines) + "\n"
-
-
 def versions() -> str:
   from importlib.metadata import version
 
@@ -453,6 +374,9 @@ def versions() -> str:
 
 
 def main():
+  sys.path.insert(0, HERE)
+  import bench_trl_report as report_lib
+
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out-dir", default="")
   parser.add_argument("--dtypes", default="float32,bfloat16")
@@ -461,7 +385,9 @@ def main():
   parser.add_argument("--decode-rounds", type=int, default=3, help="0: skip the decode part")
   for f in dataclasses.fields(Spec):
     if f.name not in ("dtype", "prompt_width"):
-      kind = (lambda v: v.lower() in ("1", "true")) if isinstance(f.default, bool) else type(f.default)
+      kind = (
+        (lambda v: v.lower() in ("1", "true")) if isinstance(f.default, bool) else type(f.default)
+      )
       parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
   args = parser.parse_args()
   folder = args.out_dir or tempfile.mkdtemp(prefix="bench_trl_")
@@ -491,7 +417,7 @@ def main():
       if bad:
         raise RuntimeError(f"settings differ between the two sides: {bad}")
       res = run_precision(s, folder, warmup=args.warmup, rounds=args.rounds)
-      res["summary"] = summarise(res)
+      res["summary"] = report_lib.summarise(res)
       report["precisions"][dtype].update(res)
     except Unsupported as e:
       print(f"# {dtype}: skipped: {e}", flush=True)
@@ -502,7 +428,7 @@ def main():
   report["wall_s"] = time.perf_counter() - t0
   with open(os.path.join(folder, "bench_trl.json"), "w") as f:
     json.dump(report, f, indent=2, default=str)
-  text = markdown(report)
+  text = report_lib.markdown(report)
   with open(os.path.join(folder, "bench_trl.md"), "w") as f:
     f.write(text)
   print(text)
