@@ -25,6 +25,7 @@ Usage (2-core CPU shared with other jobs: record ``uptime`` with the results):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import tempfile
@@ -54,11 +55,11 @@ PROMPT_TEXTS = [
 ]
 
 
-def load_model(name: str):
-  """(params, config, prompt ids [8, S], mask [8, S]) for 'tiny' or 'smollm2'."""
+def load_model(name: str, dtype: str = "float32"):
+  """(params, config, prompt ids [8, S], mask [8, S]) for 'tiny' or 'smollm2', weights in ``dtype``."""
   if name == "tiny":
     config = ModelConfig.tiny(vocab_size=512, max_position_embeddings=1024)
-    params = init_params(config, jax.random.key(0))
+    params = jax.tree.map(lambda x: x.astype(dtype), init_params(config, jax.random.key(0)))
     rng = np.random.default_rng(0)
     lengths = rng.integers(8, 25, len(PROMPT_TEXTS))
     ids = rng.integers(3, config.vocab_size, (len(PROMPT_TEXTS), 24)).astype(np.int32)
@@ -68,7 +69,7 @@ def load_model(name: str):
   if name == "smollm2":
     from rlvr_jax.model import load_smollm2
 
-    params, config, tokenizer = load_smollm2()
+    params, config, tokenizer = load_smollm2(dtype)
     texts = tokenizer.apply_chat_template([[{"role": "user", "content": t}] for t in PROMPT_TEXTS])
     ids, mask = tokenizer.encode_batch(texts)
     return params, config, np.asarray(ids), np.asarray(mask)
@@ -216,14 +217,15 @@ def bench_hf(model, ids, mask, new_tokens, pad, *, static: bool):
   return {"wall": wall, "timed": timed}
 
 
-def hf_model(params, config):
-  """Our weights exported to a safetensors folder and loaded by transformers (float32)."""
+def hf_model(params, config, dtype: str = "float32"):
+  """Our weights exported to a safetensors folder and loaded by transformers in ``dtype``."""
   import torch
   import transformers
 
   folder = tempfile.mkdtemp(prefix="bench_sampling_")
-  export_hf(params, config, folder, dtype="float32")
-  return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+  export_hf(params, config, folder, dtype=dtype)
+  torch_dtype = getattr(torch, dtype)
+  return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).eval()
 
 
 def main():
@@ -242,13 +244,20 @@ def main():
     help="rounds of back-to-back calls (ours, hf dynamic, hf compiled); > 1 reports medians and "
     "the median of the per-round ratios, with their range",
   )
+  parser.add_argument(
+    "--dtype",
+    default="float32",
+    choices=("float32", "bfloat16"),
+    help="weights and activations of both contenders (ours: params loaded in this dtype)",
+  )
+  parser.add_argument("--json-out", default="", help="also write the rows as JSON here")
   args = parser.parse_args()
   import torch
 
   torch.set_num_threads(args.torch_threads)
   print(
     f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()}-core CPU; "
-    f"jax {jax.__version__}, torch {torch.__version__} ({args.torch_threads} threads)"
+    f"jax {jax.__version__}, torch {torch.__version__} ({args.torch_threads} threads), {args.dtype}"
   )
   print("# load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
   print(
@@ -256,10 +265,11 @@ def main():
     "| ours / compiled | host overhead (ms per call) | ours step ms | python-loop step ms |"
   )
   print("|---|---|---|---|---|---|---|---|---|---|")
+  rows = []
   for name in args.models.split(","):
-    params, config, ids, mask = load_model(name)
+    params, config, ids, mask = load_model(name, args.dtype)
     pad = config.pad_token_id or 0
-    dynamic = hf_model(params, config)
+    dynamic = hf_model(params, config, args.dtype)
     compiled_model = None if args.skip_compiled else dynamic
     compiled_error = None
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
@@ -292,6 +302,23 @@ def main():
         f"{ours['step_ms']:.2f} | {ours['py_step_ms']:.2f} |",
         flush=True,
       )
+      rows.append(
+        {
+          "model": name,
+          "dtype": args.dtype,
+          "batch": batch,
+          "new_tokens": args.new_tokens,
+          "walls_s": {k: [float(x) for x in w] for k, w in walls.items()},
+          "tokens_per_s": tok_s,
+          "ratio_dynamic_over_ours": [
+            float(x) for x in np.asarray(walls["dyn"]) / np.asarray(walls["ours"])
+          ],
+          "ours_step_ms": ours["step_ms"],
+        }
+      )
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump(rows, f, indent=2)
   print("# load after:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
