@@ -440,8 +440,9 @@ def env_config() -> ConfigDict:
   prompt) / turn_tokens (per turn) bound an episode; stop_strings end a turn besides EOS.
   Credit is ``rl.advantage``: a sequence estimator runs on the episode return (``return_mode``
   final / sum / discounted with ``gamma``), a turn estimator (one that reads ``turn_rewards``)
-  on each turn's reward and gives each turn's tokens their own advantage. teacher: ``module:function`` making a
-  policy for the warm-start demonstrations (``warm_start.num_steps`` batches of episodes).
+  on each turn's reward and gives each turn's tokens their own advantage. teacher:
+  ``module:function`` making a policy for the warm-start demonstrations (``warm_start.num_steps``
+  batches of episodes).
   """
   return ConfigDict(
     dict(
