@@ -30,7 +30,6 @@ def get_config():
     max_tokens=64,
     turn_tokens=4,
     plain_template=" {obs} ",
-    credit="episode",
     return_mode="discounted",
     gamma=0.7,
     num_workers=2,

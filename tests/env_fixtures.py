@@ -68,3 +68,25 @@ class FailAtTurnEnv:
       if self.mode == "hang":
         time.sleep(3600)
     return f"ok {self.turn}", 0.25, self.turn >= self.num_turns, False, {}
+
+
+class ActionRewardEnv:
+  """Per-turn rewards that depend on the action text, so episodes of one group (same seed) differ
+  in rewards and length: reward (sum of the action's code points mod 3) / 2; the episode ends
+  when that sum is a multiple of 4 or at turn ``num_turns``; episodes whose seed is a multiple of
+  ``fail_every`` raise at turn 2 (0 = never). The turn-credit trainer tests use it."""
+
+  def __init__(self, num_turns: int = 4, fail_every: int = 0):
+    self.num_turns, self.fail_every, self.turn, self.seed = num_turns, fail_every, 0, 0
+
+  def reset(self, seed=None):
+    self.turn, self.seed = 0, seed or 0
+    return f"go {seed}", {}
+
+  def step(self, action):
+    self.turn += 1
+    if self.fail_every and self.turn == 2 and self.seed % self.fail_every == 0:
+      raise RuntimeError("env broke")
+    code = sum(map(ord, action))
+    done = code % 4 == 0 or self.turn >= self.num_turns
+    return f"ok {self.turn}", (code % 3) / 2, done, False, {}

@@ -505,3 +505,17 @@ def test_every_offline_gem_game_resets_and_steps(pool):
   results = pool.step(["\\boxed{1}"] * len(games))
   assert not any(r.failed for r in results), [r.failure for r in results]
   assert all(r.observation and isinstance(r.reward, float) for r in results)
+
+
+def test_guess_number_texts_are_settings():
+  """``GuessNumberEnv``'s observations can be sentences for an instruct model; the defaults stay
+  the character model's."""
+  env = envs.GuessNumberEnv(low=1, high=8, max_turns=3, prompt="Guess {low}-{high} in {max_turns}.",
+                            higher="Up.", lower="Down.", invalid="Number?", invalid_reward=-0.5)  # fmt: skip
+  assert env.reset(seed=3)[0] == "Guess 1-8 in 3."
+  target = env.target
+  assert env.step("no idea") == ("Number?", -0.5, False, False, {"valid": False})
+  assert env.step(f"I say {target - 1 if target > 1 else target + 1}")[0] in ("Up.", "Down.")
+  assert env.step(f"{target}")[1:3] == (1.0, True)
+  default = envs.GuessNumberEnv()
+  assert default.reset(seed=0)[0] == "guess 1 to 16:" and default.step("x")[0] == "no number:"

@@ -10,7 +10,8 @@ import pytest
 
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import loop
-from rlvr_jax.train.multiturn import MultiTurnCollector, episode_returns, turn_token_advantages
+from rlvr_jax.train import methods
+from rlvr_jax.train.multiturn import MultiTurnCollector, episode_advantages, episode_returns
 
 ALPHABET = "0123456789 :,?abcdefghijklmnopqrstuvwxyz"
 
@@ -34,8 +35,8 @@ def test_unknown_env_id_is_a_config_error_naming_the_choices(tmp_path):
   c = _config(tmp_path, id="guess_numbr")
   with pytest.raises(config_lib.ConfigError, match="config.env.id.*guess_number"):
     config_lib.validate(c)
-  with pytest.raises(config_lib.ConfigError, match="env.credit"):
-    config_lib.validate(_config(tmp_path, credit="per_token"))
+  with pytest.raises(config_lib.ConfigError, match="env.return_mode"):
+    config_lib.validate(_config(tmp_path, return_mode="per_token"))
   config_lib.validate(_config(tmp_path))
 
 
@@ -45,15 +46,22 @@ def test_returns_and_turn_credit():
   np.testing.assert_allclose(episode_returns(r, mode="sum", gamma=1.0)[:2], [1.0, 0.5])
   np.testing.assert_allclose(episode_returns(r, mode="discounted", gamma=0.5)[:2], [0.5, 0.5])
   assert np.isnan(episode_returns(r, mode="discounted", gamma=0.5)[2])
-  # Turn credit: per (prompt, turn index) z-scores on each turn's action tokens, 0 elsewhere.
+  # Turn credit (a token estimator): per (prompt, turn index) z-scores of the returns on each
+  # turn's action tokens, 0 elsewhere; a sequence estimator gives one advantage per episode.
   batch = {
-    "turn_rewards": np.array([[1.0, 0.0], [0.0, 0.0]], np.float32),
-    "turn_index": np.array([[1, 1, 0, 2], [1, 0, 2, 2]], np.int32),
+    "turn_rewards": np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]], np.float32),
+    "turn_index": np.array([[1, 1, 0, 2], [1, 0, 2, 2], [1, 0, 2, 0]], np.int32),
   }
-  adv = turn_token_advantages(batch, group_size=2, gamma=1.0, valid=np.array([True, True]))
+  batch["policy_mask"] = batch["turn_index"] > 0
+  R, valid = np.array([0.0, 0.0, 1.0]), np.array([True, True, False])
+  spec = methods.estimator("turn_norm")
+  adv = episode_advantages(batch, R, valid, spec=spec, hp=(), group_size=3)
   assert adv[0, 0] == adv[0, 1] > 0 > adv[1, 0]
   assert adv[0, 2] == 0 and adv[1, 1] == 0  # observation tokens
   assert adv[0, 3] == 0 and (adv[1, 2:] == 0).all()  # turn 2: equal returns
+  assert (adv[2] == 0).all()  # an invalid episode
+  seq = episode_advantages(batch, R, valid, spec=methods.estimator("grpo"), hp=(), group_size=3)
+  assert seq.shape == (3,) and seq[0] == seq[1] == 0.0 == seq[2]
 
 
 @pytest.fixture(scope="module")

@@ -109,6 +109,9 @@ def _inputs(seed=0):
   P = B // G
   rewards = rng.integers(0, 2, (P, G)).astype(np.float32)
   rewards[0] = [1, 0, 1, 0]
+  turns = rng.integers(1, 4, B)
+  turn_r = rng.integers(0, 2, (B, 3)).astype(np.float32)
+  index = np.minimum(np.arange(T) // max(T // 3, 1) + 1, 3)[None, :].repeat(B, 0)
   return {
     "rewards": jnp.asarray(rewards),
     "valid": jnp.ones((P, G), bool),
@@ -122,6 +125,11 @@ def _inputs(seed=0):
     "old_logp": jnp.asarray(-rng.uniform(0.1, 2, (B, T)), jnp.float32),
     "sum_pi_squared": jnp.asarray(rng.uniform(0.1, 0.9, (B, T)), jnp.float32),
     "reward_components": jnp.asarray(rng.integers(0, 2, (P, G, 2)), jnp.float32),
+    # episodes of 1-3 turns of T // 3 action tokens each (reached turns get a reward)
+    "turn_rewards": jnp.asarray(
+      np.where(np.arange(3) < turns[:, None], turn_r, np.nan), jnp.float32
+    ),
+    "turn_index": jnp.asarray(np.where(index <= turns[:, None], index, 0), jnp.int32),
   }
 
 

@@ -54,10 +54,13 @@ Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
 (REINFORCE++, its baseline variant, GAE), ``process`` (dense credit: PRIME, PURE, step
 segmentation), ``std_filter`` (RLPR's std filter), ``turns`` (turn-level returns and
-advantages). The package imports only jax (``tests/test_import_rules.py`` checks it).
+advantages), ``turn_estimators`` (those in the registry's form, selectable in multi-turn runs). The package imports only jax (``tests/test_import_rules.py`` checks it).
 """
 
-from rlvr_jax.advantages import baselines  # noqa: F401  (registers verl's extra baselines)
+from rlvr_jax.advantages import (
+  baselines,  # noqa: F401  (registers verl's extra baselines)
+  turn_estimators,  # noqa: F401  (registers the turn estimators)
+)
 from rlvr_jax.advantages.common import (
   gradient_group_fraction,
   handle_zero_variance,
@@ -130,6 +133,12 @@ from rlvr_jax.advantages.token_level import (
   reinforce_plus_plus_advantages,
   reinforce_plus_plus_baseline_advantages,
 )
+from rlvr_jax.advantages.turn_estimators import (
+  a2tgpo_token_advantages,
+  mapo_token_advantages,
+  matchtir_token_advantages,
+  turn_norm_advantages,
+)
 from rlvr_jax.advantages.turns import (
   a2tgpo_advantages,
   depth_scaled_returns,
@@ -145,6 +154,10 @@ from rlvr_jax.advantages.turns import (
 )
 
 __all__ = [
+  "a2tgpo_token_advantages",
+  "mapo_token_advantages",
+  "matchtir_token_advantages",
+  "turn_norm_advantages",
   "DEFAULT_ESTIMATOR",
   "DEFAULT_GROUP_FILTER",
   "ESTIMATORS",

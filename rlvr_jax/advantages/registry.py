@@ -36,6 +36,8 @@ READS = {
   "ref_logp": "[B, T] float32 log-probs of the sampled tokens under the reference policy",
   "sum_pi_squared": "[B, T] float32 sum_v pi(v)^2 of the sampling distribution at each token",
   "reward_components": "[P, G, K] float32 reward components before they are summed",
+  "turn_rewards": "[B, K] float32 per-turn rewards of multi-turn episodes (NaN = missing turn)",
+  "turn_index": "[B, T] int32 turn k (1-based) of each action token, 0 on observations/padding",
 }
 LEVELS = ("sequence", "token")
 

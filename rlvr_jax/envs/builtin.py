@@ -57,31 +57,47 @@ class GuessNumberEnv:
   ``rlvr_jax.data.char_tokenizer``). The first integer of the action is the guess; an action
   without one costs the turn and gets ``invalid_reward``. Correct: reward 1 and terminated.
   Running out of turns: reward 0 and truncated (a time limit, in gymnasium's sense).
+
+  ``prompt`` (filled with ``low``, ``high``, ``max_turns``), ``higher``, ``lower`` and ``invalid``
+  are the texts of the observations: the defaults suit a character model; an instruct model gets
+  sentences (``experiments/multiturn_smollm2.py``).
   """
 
-  def __init__(self, low: int = 1, high: int = 16, max_turns: int = 5, invalid_reward: float = 0.0):
+  def __init__(
+    self,
+    low: int = 1,
+    high: int = 16,
+    max_turns: int = 5,
+    invalid_reward: float = 0.0,
+    prompt: str = "guess {low} to {high}:",
+    higher: str = "higher:",
+    lower: str = "lower:",
+    invalid: str = "no number:",
+  ):
     if high <= low:
       raise ValueError(f"GuessNumberEnv: high={high} must exceed low={low}")
     self.low, self.high, self.max_turns = int(low), int(high), int(max_turns)
     self.invalid_reward = float(invalid_reward)
+    self.prompt = prompt.format(low=self.low, high=self.high, max_turns=self.max_turns)
+    self.texts = {"higher": higher, "lower": lower, "invalid": invalid}
     self.target, self.turn = low, 0
 
   def reset(self, seed: int | None = None):
     rng = random.Random(seed) if seed is not None else random
     self.target, self.turn = rng.randint(self.low, self.high), 0
-    return f"guess {self.low} to {self.high}:", {}
+    return self.prompt, {}
 
   def step(self, action: str):
     self.turn += 1
     out_of_turns = self.turn >= self.max_turns
     match = _INT_RE.search(action)
     if match is None:
-      return "no number:", self.invalid_reward, False, out_of_turns, {"valid": False}
+      return self.texts["invalid"], self.invalid_reward, False, out_of_turns, {"valid": False}
     guess = int(match.group())
     if guess == self.target:
       return "correct", 1.0, True, False, {"valid": True}
     hint = "higher" if guess < self.target else "lower"
-    return f"{hint}:", 0.0, False, out_of_turns, {"valid": True}
+    return self.texts[hint], 0.0, False, out_of_turns, {"valid": True}
 
 
 class QuestionEnv:

@@ -386,7 +386,7 @@ def validate(c) -> None:
     objective = methods.objective(c.objective.name)
   except ValueError as e:
     raise ConfigError(f"config.objective.name: {e}") from e
-  problem = methods.check_pair(objective, estimator)
+  problem = methods.check_pair(objective, estimator, episodes=multiturn)
   _need(problem is None, "rl.advantage", str(problem))
   kw = objective_kwargs(c)
   if kw.get("kl_coef", 0.0):
@@ -428,7 +428,6 @@ def validate(c) -> None:
 
 
 # --- multi-turn environments (issue 16) ------------------------------------------------------------
-ENV_CREDITS = ("episode", "turn")
 ENV_RETURNS = ("final", "sum", "discounted")
 ENV_RENDERERS = ("auto", "plain", "chat")
 
@@ -439,10 +438,11 @@ def env_config() -> ConfigDict:
   id: ``gem:<id>``, ``package.module:Name`` or a built-in (``envs.BUILTINS``); kwargs: its
   constructor arguments; tools: ``ToolEnv`` tool names. max_turns / max_tokens (context after the
   prompt) / turn_tokens (per turn) bound an episode; stop_strings end a turn besides EOS.
-  credit: ``episode`` (the ``rl.advantage`` estimator on the episode return, ``return_mode``
-  final / sum / discounted with ``gamma``) or ``turn`` (discounted turn returns normalised per
-  prompt and turn index, broadcast to each turn's tokens). teacher: ``module:function`` making a
-  policy for the warm-start demonstrations (``warm_start.num_steps`` batches of episodes).
+  Credit is ``rl.advantage``: a sequence estimator runs on the episode return (``return_mode``
+  final / sum / discounted with ``gamma``), a turn estimator (one that reads ``turn_rewards``)
+  on each turn's reward and gives each turn's tokens their own advantage. teacher:
+  ``module:function`` making a policy for the warm-start demonstrations (``warm_start.num_steps``
+  batches of episodes).
   """
   return ConfigDict(
     dict(
@@ -455,7 +455,6 @@ def env_config() -> ConfigDict:
       stop_strings=(),
       renderer="auto",
       plain_template="\n{obs}\n",
-      credit="episode",
       return_mode="final",
       gamma=1.0,
       num_workers=2,
@@ -479,7 +478,6 @@ def validate_env(c) -> None:
     envs.check_spec(envs.EnvSpec(e.id, dict(e.kwargs), tools=tuple(e.tools)))
   except envs.EnvConfigError as err:
     raise ConfigError(f"config.env.id: {err}") from None
-  _need(e.credit in ENV_CREDITS, "env.credit", f"{e.credit!r} not in {ENV_CREDITS}")
   _need(e.return_mode in ENV_RETURNS, "env.return_mode", f"{e.return_mode!r} not in {ENV_RETURNS}")
   _need(e.renderer in ENV_RENDERERS, "env.renderer", f"{e.renderer!r} not in {ENV_RENDERERS}")
   _need(e.max_turns >= 1, "env.max_turns", "must be >= 1")
@@ -490,19 +488,17 @@ def validate_env(c) -> None:
   _need(e.step_timeout_s > 0 and e.reset_timeout_s > 0, "env.step_timeout_s", "must be > 0")
   _need(e.chunk_steps >= 1, "env.chunk_steps", "must be >= 1")
   _need(e.num_eval >= 1, "env.num_eval", "must be >= 1")
-  plain = sorted(n for n, spec in advantages.ESTIMATORS.items() if _rewards_only(spec))
+  fits = sorted(n for n, spec in advantages.ESTIMATORS.items() if _fits_episodes(spec))
   _need(
-    _rewards_only(methods.estimator(c.rl.advantage)),
+    _fits_episodes(methods.estimator(c.rl.advantage)),
     "rl.advantage",
-    f"multi-turn episodes take a sequence estimator that reads only the returns and keeps no "
-    f"state ({', '.join(plain)}); got {c.rl.advantage!r}",
+    f"multi-turn episodes take a stateless estimator without extra outputs that reads only "
+    f"{sorted(methods.EPISODE_READS)} ({', '.join(fits)}); got {c.rl.advantage!r}",
   )
   _need(c.rl.zero_variance != "refill", "rl.zero_variance", "'refill' is single-turn only")
 
 
-def _rewards_only(spec) -> bool:
-  """A sequence estimator of the returns alone (no extra reads, outputs or state)."""
-  return (
-    spec.level == "sequence" and spec.reads == ("rewards",) and not spec.outputs
-    and spec.init_state is None
-  )  # fmt: skip
+def _fits_episodes(spec) -> bool:
+  """An estimator the episode collector can run: its reads are what episodes give (returns,
+  action mask, turn rewards, turn index), no extra outputs, no state."""
+  return set(spec.reads) <= methods.EPISODE_READS and not spec.outputs and spec.init_state is None

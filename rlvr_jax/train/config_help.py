@@ -139,9 +139,8 @@ FIELD_HELP: dict[str, str] = {
   "env.stop_strings": "strings that end a turn besides EOS (kept in the action)",
   "env.renderer": "observation format: 'chat' template, 'plain' text, or 'auto' by tokenizer",
   "env.plain_template": "plain renderer's observation text, with {obs}",
-  "env.credit": "'episode': rl.advantage on the return; 'turn': per-turn normalised returns",
   "env.return_mode": "episode return: final turn's reward, sum, or discounted sum (env.gamma)",
-  "env.gamma": "per-turn discount of the discounted return and of turn credit",
+  "env.gamma": "per-turn discount of the discounted episode return (env.return_mode)",
   "env.num_workers": "environment worker processes",
   "env.step_timeout_s": "wall-clock limit of one env step (past it: the episode fails)",
   "env.reset_timeout_s": "limit of one env reset, building the env included",
@@ -167,7 +166,6 @@ CHOICES: dict[str, tuple] = {
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
   "objective.name": tuple(sorted(losses.OBJECTIVES)),
   "optim.schedule": ("constant", "cosine", "linear"),
-  "env.credit": config_lib.ENV_CREDITS,
   "env.return_mode": config_lib.ENV_RETURNS,
   "env.renderer": config_lib.ENV_RENDERERS,
 }

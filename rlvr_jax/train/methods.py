@@ -22,6 +22,9 @@ PROVIDED_READS = frozenset(
   {"rewards", "completion_mask", "answer_ids", "greedy_rewards", "reward_components",
    "token_rewards", "prm_token_rewards"}
 )  # fmt: skip
+# What the multi-turn (episode) collector hands an estimator: the episode returns [P, G], the
+# action-token mask, each turn's reward [B, K] and each token's turn [B, T] (``train/multiturn``).
+EPISODE_READS = frozenset({"rewards", "completion_mask", "turn_rewards", "turn_index"})
 # Where the trainer gets an objective's extra inputs from (``losses.Input.source``).
 PROVIDED_SOURCES = frozenset({"step_noise", "proxy_logp", "estimator", "caller"})
 
@@ -72,13 +75,26 @@ def array_kwargs() -> frozenset[str]:
   return frozenset(out)
 
 
-def check_pair(obj: losses.ObjectiveSpec, est: advantages.EstimatorSpec) -> str | None:
+def check_pair(
+  obj: losses.ObjectiveSpec, est: advantages.EstimatorSpec, *, episodes: bool = False
+) -> str | None:
   """Why this objective and estimator cannot train together, or None: every read of the
-  estimator must be provided, every input of the objective must have a source, and the
-  estimator's extra outputs must be exactly the objective's ``estimator`` inputs."""
-  missing = [r for r in est.reads if r not in PROVIDED_READS]
+  estimator must be provided (by the single-turn collector, or by the episode collector when
+  ``episodes``), every input of the objective must have a source, and the estimator's extra
+  outputs must be exactly the objective's ``estimator`` inputs."""
+  provided = EPISODE_READS if episodes else PROVIDED_READS
+  missing = [r for r in est.reads if r not in provided]
+  if missing and not episodes and set(missing) <= EPISODE_READS:
+    return (
+      f"estimator {est.name!r} reads {missing}, which only multi-turn episodes give: set "
+      "config.env.id (an environment) or pick a single-turn estimator"
+    )
   if missing:
-    return f"estimator {est.name!r} reads {missing}, which the trainer does not provide"
+    what = "multi-turn episodes do" if episodes else "the trainer does"
+    return (
+      f"estimator {est.name!r} reads {missing}, which {what} not provide "
+      f"(provided: {sorted(provided)})"
+    )
   wanted = sorted(i.name for i in obj.inputs_from("estimator"))
   if wanted != sorted(est.outputs):
     return (

@@ -10,11 +10,12 @@ the same ``rollout.RolloutBatch`` the single-turn collector does:
   * ``completion_mask`` = ``policy_mask`` (action tokens only: observations are context, never
     trained, never counted in the normalisers) and False on failed episodes (excluded from the
     update, counted in ``env/fail_frac`` and ``env/fail/<cause>``) and on masked groups;
-  * ``advantages``: ``env.credit="episode"``: the ``rl.advantage`` estimator (a sequence estimator of the returns alone) on the
-    episode return R (``env.return_mode``: final turn's reward, sum, or discounted
-    sum_k gamma^(k-1) r_k), [B], broadcast to the action tokens by the loop; ``"turn"``:
-    discounted turn returns G_k = sum_{j>=k} gamma^(j-k) r_j z-scored per prompt and turn index
-    (``advantages.turn_group_normalize``) and broadcast to each turn's tokens, [B, T].
+  * ``advantages``: the ``rl.advantage`` estimator, run on what its spec reads of
+    ``methods.EPISODE_READS``: the episode returns R [P, G] (``env.return_mode``: final turn's
+    reward, sum, or discounted sum_k gamma^(k-1) r_k; NaN and ``valid`` False on failed
+    episodes), the action-token mask, the per-turn rewards ``turn_rewards`` [B, K] and each
+    token's turn ``turn_index`` [B, T]. A sequence estimator gives [B], broadcast to the action
+    tokens by the loop; a token estimator (the turn-level ones) gives [B, T], used as it is.
 
 Metrics: ``episode/turns_mean``, ``episode/success`` (terminated with a positive final reward),
 ``episode/tool_calls_mean``, ``env/fail_frac``, ``env/fail/<cause>``, ``env/step_time_s``,
@@ -66,13 +67,22 @@ def episode_returns(turn_rewards: np.ndarray, *, mode: str, gamma: float) -> np.
   return np.asarray(adv_lib.episode_return(r, mode=mode))
 
 
-def turn_token_advantages(batch: dict, *, group_size: int, gamma: float, valid) -> np.ndarray:
-  """[B, T] turn-level advantages: per-(prompt, turn index) z-scores of the discounted turn
-  returns, on each turn's action tokens (0 on missing turns and observations)."""
-  returns = adv_lib.discounted_turn_returns(jnp.asarray(batch["turn_rewards"]), gamma=gamma)
-  valid_k = jnp.isfinite(returns) & jnp.asarray(valid)[:, None]
-  adv = adv_lib.turn_group_normalize(returns, group_size=group_size, valid=valid_k, use_std=True)
-  return np.asarray(adv_lib.turn_values_to_tokens(adv, jnp.asarray(batch["turn_index"])))
+def episode_advantages(batch: dict, R, valid, *, spec, hp, group_size: int) -> np.ndarray:
+  """The configured estimator on an episode batch: [B] (sequence level) or [B, T] (token level),
+  0 on invalid episodes. ``batch``: ``collate``'s arrays; ``R`` [B] returns; ``valid`` [B]."""
+  P = len(R) // group_size
+  inputs = {
+    "rewards": jnp.asarray(np.asarray(R, np.float32).reshape(P, group_size)),
+    "valid": jnp.asarray(np.asarray(valid).reshape(P, group_size)),
+    "completion_mask": jnp.asarray(batch["policy_mask"] & np.asarray(valid)[:, None]),
+    "turn_rewards": jnp.asarray(batch["turn_rewards"]),
+    "turn_index": jnp.asarray(batch["turn_index"]),
+  }
+  out = estimate({k: inputs[k] for k in ("valid", *spec.reads)}, None, spec=spec, hp=hp)
+  adv, ok = np.asarray(out.advantages, np.float32), np.asarray(valid, bool)
+  if spec.level == "sequence":
+    return np.where(ok, adv.reshape(-1), 0.0).astype(np.float32)
+  return np.where(ok[:, None], adv, 0.0).astype(np.float32)
 
 
 def _import(path: str):
@@ -164,14 +174,10 @@ class MultiTurnCollector:
     # the configured group filter (rl.group_filter) on the episode returns, the outcome here
     group_filter = adv_lib.GROUP_FILTERS[c.rl.group_filter]
     zero_var = np.asarray(group_filter.fn(jnp.asarray(np.where(valid, R, np.nan).reshape(P, G))))
-    if e.credit == "episode":  # the configured sequence estimator on the episode returns
-      hp = tuple(sorted(config_lib.advantage_kwargs(c).items()))
-      inputs = {"rewards": jnp.asarray(R.reshape(P, G)), "valid": jnp.asarray(valid.reshape(P, G))}
-      out = estimate(inputs, None, spec=methods.estimator(c.rl.advantage), hp=hp)
-      adv = np.asarray(out.advantages).reshape(-1)
-      adv = np.where(valid, adv, 0.0).astype(np.float32)
-    else:
-      adv = turn_token_advantages(batch, group_size=G, gamma=e.gamma, valid=valid)
+    hp = tuple(sorted(config_lib.advantage_kwargs(c).items()))
+    adv = episode_advantages(
+      batch, R, valid, spec=methods.estimator(c.rl.advantage), hp=hp, group_size=G
+    )
     cmask = batch["policy_mask"] & valid[:, None]
     if c.rl.zero_variance == "mask":
       cmask &= ~np.repeat(zero_var, G)[:, None]
