@@ -108,6 +108,7 @@ def test_auxiliary_loss_is_invariant_to_micro_batching():
     assert m1[k] == pytest.approx(m4[k], rel=1e-5, abs=1e-7), k
 
 
+@pytest.mark.slow
 def test_the_trainer_runs_the_configured_auxiliary_loss(tmp_path):
   c = config_lib.tiny_config(
     tmp_path, auxiliary_loss=dict(name=NAME, token="*", kwargs=dict(beta=0.2, ref_logp=-5.0)),

@@ -20,7 +20,7 @@ from rlvr_jax.rewards.registry import import_reward
 # token rewards of the implicit PRM when ``implicit_prm.enabled`` (the config ties the two).
 PROVIDED_READS = frozenset(
   {"rewards", "completion_mask", "answer_ids", "greedy_rewards", "reward_components",
-   "token_rewards", "prm_token_rewards"}
+   "token_rewards", "prm_token_rewards", "completion_tokens"}
 )  # fmt: skip
 # Where the trainer gets an objective's extra inputs from (``losses.Input.source``).
 PROVIDED_SOURCES = frozenset({"step_noise", "proxy_logp", "estimator", "caller"})
