@@ -13,9 +13,10 @@ Command:
   HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
     --config=experiments/coreward_default.py
 
-Wall time: about 4 min on the shared 2-core machine (measured while loaded).
-Expected result: docs/results.md, "Co-Reward" (compared with TTRL, experiments/ttrl_default.py,
-at equal steps on the same held-out set).
+Wall time (measured on the loaded, shared 2-core machine): RL phase 93 s plus the warm start.
+Expected result (docs/results.md, "Co-Reward"; compared with TTRL on the same paired stream at
+equal steps): held-out greedy accuracy 0.604 -> 0.567 (TTRL 0.554), agreement rising to ~0.92;
+``a+b`` / ``b+a`` agree from the start (cross_agreement 0.94), so Co-Reward behaves like TTRL.
 """
 
 import os
