@@ -263,6 +263,44 @@ def test_pure_advantages_matches_reference():
   np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_step_sums_match_a_loop():
+  x = _inputs(1)
+  seg = adv.segment_steps(jnp.asarray(x["tokens"]), jnp.asarray(x["mask"]), separator_ids=(0, 3))
+  got = np.asarray(adv.step_sums(jnp.asarray(x["dense"]), seg))
+  want = np.zeros_like(got, dtype=np.float64)
+  for b in range(P * G):
+    total = 0.0
+    for t in range(T):
+      if not x["mask"][b, t]:
+        continue
+      total += x["dense"][b, t]
+      if x["tokens"][b, t] in (0, 3) or t == np.flatnonzero(x["mask"][b])[-1]:
+        want[b, t], total = total, 0.0
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert np.count_nonzero(got) > P * G  # several steps per row: not vacuous
+
+
+def test_pure_token_advantages_compose_segments_step_sums_and_pure():
+  x = _inputs(2)
+  mask, tokens = jnp.asarray(x["mask"]), jnp.asarray(x["tokens"])
+  dense = jnp.asarray(x["dense"])
+  spec = adv.ESTIMATORS["pure"]
+  assert spec.reads[2] == "prm_token_rewards" and "completion_tokens" in spec.reads
+  assert adv.ESTIMATORS["pure_token_rewards"].reads[2] == "token_rewards"
+  inputs = {"rewards": jnp.asarray(x["outcome"]), "completion_mask": mask,
+            "prm_token_rewards": dense, "completion_tokens": tokens,
+            "valid": jnp.isfinite(jnp.asarray(x["outcome"]))}  # fmt: skip
+  got = spec.compute(inputs, separator_ids=(1,), outcome_coef=2.0, temperature=0.2).advantages
+  seg = adv.segment_steps(tokens, mask, separator_ids=(1,))
+  want = adv.pure_advantages(
+    adv.step_sums(dense, seg), seg.step_end, mask, group_size=G,
+    verifiable_rewards=2.0 * jnp.asarray(x["outcome"]), temperature=0.2,
+  )  # fmt: skip
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  assert spec.check(P, G, {}) is not None  # separator_ids is required
+  assert spec.check(P, G, {"separator_ids": (4,)}) is None
+
+
 def test_reinforce_pp_takes_dense_rewards():
   x = _inputs()
   rewards, mask = jnp.asarray(x["outcome"]), jnp.asarray(x["mask"])

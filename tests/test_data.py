@@ -207,3 +207,33 @@ def test_countdown_records_are_solvable_and_scored_by_the_reward():
     out = reward.evaluate([r["prompt"]], [f"<answer>{found}</answer>"], numbers=[r["numbers"]],
                  target=[r["target"]])  # fmt: skip
     assert float(out.info["correct"][0]) == 1.0
+
+
+def test_worked_solutions_carry_and_the_flawed_teacher_drops_it():
+  assert tasks.worked_solution("27+48") == "1507>75"  # 7+8 = 15, 2+4+1 = 07
+  assert tasks.worked_solution("27+48", carry=False) == "1506>65"
+  assert tasks.worked_solution("49+49") == "1809>98"
+  assert tasks.worked_solution("99+01") == "1010>100"  # the final carry leads the answer
+  spec = tasks.TaskSpec(style="worked", max_value=49, zero_pad=True)
+  for i in range(50):
+    r = tasks.make_example(spec, i, seed=0, split="train")
+    working, answer = r["demonstration"].split(">")
+    assert answer == r["answer"] == str(sum(int(v) for v in r["key"].split("+")))
+  with pytest.raises(ValueError, match=r"data\.task\.style='worked'"):
+    tasks.TaskSpec(style="worked", ops="+-").validate()
+
+
+def test_paraphrase_pairs_share_a_key_and_stay_in_their_split():
+  spec = tasks.TaskSpec(max_value=49, zero_pad=True, paraphrase=True, heldout_fraction=0.2)
+  rows = [tasks.make_example(spec, i, seed=0, split="train") for i in range(200)]
+  for a, b in zip(rows[::2], rows[1::2], strict=True):
+    assert a["pair_key"] == b["pair_key"] and a["answer"] == b["answer"]
+    x, y = a["key"].split("+")
+    assert b["key"] == f"{y}+{x}" and b["prompt"] == f"{y}+{x}="
+  heldout = tasks.heldout_set(spec, 100, seed=1)
+  plain = tasks.heldout_set(
+    tasks.TaskSpec(max_value=49, zero_pad=True, heldout_fraction=0.2), 100, seed=1
+  )
+  assert [r["key"] for r in heldout] == [r["key"] for r in plain]  # the unpaired held-out set
+  held = {r["key"] for r in heldout}
+  assert not held & {r["key"] for r in rows}  # no order of a held-out problem is trained on

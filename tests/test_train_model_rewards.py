@@ -52,7 +52,8 @@ def test_self_certainty_pass(params):
 
 def test_rlpr_pass_with_marker(params):
   prompt, pmask, tokens, mask = _batch()
-  ref = np.array([[7, 8, 0], [9, 0, 0], [10, 11, 12], [13, 0, 0]], np.int32)
+  # Each reference starts with the marker (spliced, not scored).
+  ref = np.array([[250, 7, 8, 0], [250, 9, 0, 0], [250, 10, 11, 12], [250, 13, 0, 0]], np.int32)
   ref_mask = ref > 0
   fmt = jnp.array([1.0, 0.0, 1.0, 1.0])
   fn = model_rewards.make_model_reward_fn(
@@ -63,12 +64,12 @@ def test_rlpr_pass_with_marker(params):
   def mean_prob(keep):
     probs = []
     for b in range(B):
-      seq = np.zeros(T + 3, np.int32)
+      seq = np.zeros(T + 4, np.int32)
       n = ref_mask[b].sum()
       seq[: keep[b]] = tokens[b, : keep[b]]
       seq[keep[b] : keep[b] + n] = ref[b, :n]
       lsm = _np_lsm(params, prompt[b : b + 1], pmask[b : b + 1], seq[None])[0]
-      q = [lsm[S_PROMPT - 1 + keep[b] + j, ref[b, j]] for j in range(n)]
+      q = [lsm[S_PROMPT - 1 + keep[b] + j, ref[b, j]] for j in range(1, n)]  # not the marker
       probs.append(np.exp(q).mean())
     return np.array(probs)
 
@@ -105,3 +106,13 @@ def test_prm_step_is_one_sgd_step_on_the_bce_loss(params):
     np.testing.assert_allclose(a, b, atol=1e-6)
   assert float(metrics["prm/skipped"]) == 0.0
   assert np.isfinite(float(metrics["prm/loss"]))
+
+
+def test_reference_ids_put_the_marker_before_the_answer():
+  class Tok:
+    def encode(self, text, add_special_tokens=False):
+      return [ord(ch) for ch in text]
+
+  ids, mask = model_rewards.reference_ids(Tok(), ["75", "5"], pad_id=0, prefix=(62,))
+  np.testing.assert_array_equal(ids, [[62, 55, 53], [62, 53, 0]])
+  np.testing.assert_array_equal(mask, [[True, True, True], [True, True, False]])

@@ -31,8 +31,8 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
 * dense credit (``[B, T]`` token / step rewards, METHODS.md §5.8-5.9):
   ``implicit_process_rewards`` (PRIME), ``segment_steps`` (+ ``StepSegments``),
   ``min_form_credit`` (PURE), ``group_loo_token_rewards``, ``token_rloo_returns``,
-  ``prime_advantages``, ``pure_advantages``; REINFORCE++ takes dense rewards via
-  ``token_rewards=``;
+  ``prime_advantages``, ``pure_advantages``, ``pure_token_advantages`` (+ ``step_sums``);
+  REINFORCE++ takes dense rewards via ``token_rewards=``;
 * RLPR's prompt filter: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``);
 * turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
   ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
@@ -102,7 +102,9 @@ from rlvr_jax.advantages.process import (
   min_form_credit,
   prime_advantages,
   pure_advantages,
+  pure_token_advantages,
   segment_steps,
+  step_sums,
   token_rloo_returns,
 )
 from rlvr_jax.advantages.registry import (
@@ -219,6 +221,8 @@ __all__ = [
   "min_form_credit",
   "prime_advantages",
   "pure_advantages",
+  "pure_token_advantages",
+  "step_sums",
   "rlpr_std_filter",
   "segment_steps",
   "std_filter_init",

@@ -12,6 +12,11 @@ them). Every function is pure and jittable; ``group_size`` and ``separator_ids``
 * ``token_rloo_returns``: returns of token rewards minus a per-token leave-one-out baseline
   (PURE's "token mode" RLOO; the GRPO-style estimator for dense rewards).
 * ``prime_advantages`` / ``pure_advantages``: the two recipes end to end.
+* ``step_sums``: token rewards summed over each step, placed at the step's end (an implicit
+  PRM's step reward).
+* ``pure_token_advantages``: PURE from token rewards and token ids (the trainer's form: steps
+  split at ``separator_ids``), registered as ``pure`` (the implicit PRM's token rewards,
+  ``config.implicit_prm``) and ``pure_token_rewards`` (the configured reward's ``token_rewards``).
 
 REINFORCE++ takes dense rewards through ``reinforce_plus_plus_advantages(token_rewards=...)`` and
 GAE through its ``token_rewards`` argument (``token_level``).
@@ -366,3 +371,106 @@ register_estimator(
     paper="arXiv 2502.01456",
   )
 )
+
+
+def step_sums(token_rewards: jax.Array, segments: StepSegments) -> jax.Array:
+  """Σ of the token rewards of each step, at the step's last token (0 elsewhere).
+
+    p_{b,k} = Σ_{t in step k of row b} r_{b,t}
+
+  The step reward of an implicit PRM (PRIME's q-value differences telescope: the reward of a
+  step is the sum of its tokens' β log π_φ / π_ref). Masked tokens belong to no step.
+
+  Args:
+    token_rewards: [B, T] float.  segments: ``segment_steps`` of the same rows.
+
+  Returns:
+    [B, T] float32.
+  """
+  _check_tokens(segments.step_end, token_rewards=token_rewards)
+  num_rows, num_tokens = token_rewards.shape
+  idx = jnp.where(segments.step_index >= 0, segments.step_index, num_tokens)  # spare bucket
+  r = jnp.where(segments.step_index >= 0, token_rewards, 0.0).astype(jnp.float32)
+  sums = jnp.zeros((num_rows, num_tokens + 1), jnp.float32)
+  sums = sums.at[jnp.arange(num_rows)[:, None], idx].add(r)
+  per_token = jnp.take_along_axis(sums, idx, axis=1)
+  return jnp.where(segments.step_end, per_token, 0.0)
+
+
+def pure_token_advantages(
+  token_rewards: jax.Array,
+  rewards: jax.Array,
+  completion_mask: jax.Array,
+  completion_tokens: jax.Array,
+  *,
+  separator_ids: tuple[int, ...],
+  valid: jax.Array | None = None,
+  outcome_coef: float = 1.0,
+  temperature: float = 0.1,
+  gamma: float = 1.0,
+  whiten: bool = False,
+  std_ddof: int = 1,
+  epsilon: float = 1e-8,
+  axis_name: str | None = None,
+) -> jax.Array:
+  """PURE min-form credit from token rewards (arXiv 2504.15275; METHODS.md §5.9).
+
+    steps = segment_steps(tokens, separator_ids),   p_k = Σ_{t in step k} r_t   (step_sums)
+    A = pure_advantages(p, steps, verifiable_rewards = c_o R)   (softmin credit, token RLOO)
+
+  The trainer's form: the steps are split at ``separator_ids`` in the completion ids, the step
+  rewards are sums of dense token rewards (an implicit PRM's, or a reward's own per-token
+  rewards), and the verifier outcome R enters with weight ``outcome_coef`` (0: step rewards
+  only, the paper's PRM-only setting).
+
+  Args:
+    token_rewards: [B, T] dense rewards.  rewards: [P, G] outcomes (NaN = failed row).
+    completion_mask: [B, T] bool.  completion_tokens: [B, T] int ids.
+    separator_ids: ids that end a step (static).  valid: optional [P, G] bool.
+    outcome_coef: c_o.  temperature, gamma, whiten, std_ddof, epsilon, axis_name: as
+      ``pure_advantages``.
+
+  Returns:
+    [B, T] float32 advantages.
+  """
+  common.check_rank("rewards", rewards, 2, "P, G")
+  segments = segment_steps(completion_tokens, completion_mask, separator_ids=separator_ids)
+  p = step_sums(token_rewards, segments)
+  _, ok = common.prepare(rewards, valid)
+  outcome = None if outcome_coef == 0 else outcome_coef * rewards
+  return pure_advantages(
+    p, segments.step_end, completion_mask, group_size=rewards.shape[-1],
+    verifiable_rewards=outcome, valid=ok, temperature=temperature, gamma=gamma, whiten=whiten,
+    std_ddof=std_ddof, epsilon=epsilon, axis_name=axis_name,
+  )  # fmt: skip
+
+
+def _pure_call(spec, inputs, state, hp) -> Estimate:
+  """The dense source is the spec's third read (``prm_token_rewards`` or ``token_rewards``)."""
+  adv = pure_token_advantages(
+    inputs[spec.reads[2]], inputs["rewards"], inputs["completion_mask"],
+    inputs["completion_tokens"], valid=inputs.get("valid"), **hp,
+  )  # fmt: skip
+  return Estimate(adv, {}, None)
+
+
+def _pure_check(num_prompts, group_size, hp):
+  seps = hp.get("separator_ids")
+  if not seps or not all(isinstance(s, int) and s >= 0 for s in seps):
+    return f"separator_ids={seps!r}: give the token ids that end a step, e.g. (12,)"
+  return None
+
+
+for _name, _source in (("pure", "prm_token_rewards"), ("pure_token_rewards", "token_rewards")):
+  register_estimator(
+    EstimatorSpec(
+      _name,
+      pure_token_advantages,
+      level="token",
+      reads=("rewards", "completion_mask", _source, "completion_tokens"),
+      call=_pure_call,
+      check=_pure_check,
+      static=("separator_ids", "whiten"),
+      paper="arXiv 2504.15275",
+    )
+  )

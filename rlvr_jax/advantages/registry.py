@@ -30,6 +30,7 @@ READS = {
   "greedy_rewards": "[P] float32, the reward of one extra greedy (temperature 0) rollout per prompt",
   "metric": "[P, G] float32 per-response metric (CANON: mean rollout entropy, or the length)",
   "token_rewards": "[B, T] float32 per-token rewards",
+  "completion_tokens": "[B, T] int32 the completion token ids",
   "prm_token_rewards": "[B, T] float32 token rewards of an implicit PRM, beta (log pi_phi - log pi_ref)",
   "values": "[B, T] float32 critic values",
   "old_logp": "[B, T] float32 log-probs of the sampled tokens under the sampling policy",

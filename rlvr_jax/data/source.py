@@ -147,6 +147,7 @@ def task_spec(data_cfg) -> tasks.TaskSpec:
     num_terms=t.num_terms,
     heldout_fraction=t.heldout_fraction,
     zero_pad=bool(t.get("zero_pad", False)),
+    paraphrase=bool(t.get("paraphrase", False)),
   )
   spec.validate()
   return spec

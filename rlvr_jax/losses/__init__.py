@@ -60,7 +60,9 @@ Parts (this ``__init__`` is only the public API; the code is in):
   ``is_token_local``, ``step_statistics``.
 * ``auxiliary``: losses added next to the policy loss by reward-model methods: PRIME's implicit
   PRM cross-entropy (``implicit_prm_loss``, ``implicit_prm_score``; for a second parameter tree)
-  and LaSeR's self-reward MSE (``laser_self_reward_loss``).
+  and LaSeR's self-reward MSE (``laser_self_reward_loss``; from hidden states:
+  ``last_token_self_reward_loss``), and ``AUXILIARY_LOSSES``, the table of auxiliary losses the
+  trainer adds to the policy loss (``AuxiliarySpec``, ``register_auxiliary``).
 
 The package imports only jax (and ``rlvr_jax.regularizers`` / ``rlvr_jax.types``);
 ``tests/test_import_rules.py`` checks it.
@@ -77,9 +79,14 @@ from rlvr_jax.losses.aggregation import (
   merge_metrics,
 )
 from rlvr_jax.losses.auxiliary import (
+  AUX_READS,
+  AUXILIARY_LOSSES,
+  AuxiliarySpec,
   implicit_prm_loss,
   implicit_prm_score,
   laser_self_reward_loss,
+  last_token_self_reward_loss,
+  register_auxiliary,
 )
 from rlvr_jax.losses.engine import CommonOptions
 from rlvr_jax.losses.recipes import (
@@ -185,6 +192,11 @@ __all__ = [
   "implicit_prm_loss",
   "implicit_prm_score",
   "laser_self_reward_loss",
+  "AUX_READS",
+  "AUXILIARY_LOSSES",
+  "AuxiliarySpec",
+  "last_token_self_reward_loss",
+  "register_auxiliary",
   "is_token_local",
   "kl_cov_mask",
   "kl_cov_objective",

@@ -95,5 +95,7 @@ class _FlawedTeacher:
         continue
       if np.random.default_rng([self.seed, 7, r["index"]]).random() < self.prob:
         r = {**r, "answer": data_lib.tasks.no_carry_sum(r["key"])}
+        if "demonstration" in r:  # the worked style: working and answer both without carries
+          r["demonstration"] = data_lib.tasks.worked_solution(r["key"], carry=False)
       out.append(r)
     return out

@@ -19,7 +19,7 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
-from rlvr_jax.train import implicit_prm, methods, model_rewards, reward_config
+from rlvr_jax.train import auxiliary_loss, implicit_prm, methods, model_rewards, reward_config
 
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
@@ -121,6 +121,7 @@ def base_config() -> ConfigDict:
         num_terms=2,
         heldout_fraction=0.1,
         zero_pad=False,
+        paraphrase=False,
       ),
       path="",
       eval_path="",
@@ -164,6 +165,9 @@ def base_config() -> ConfigDict:
   c.implicit_prm = (
     implicit_prm.implicit_prm_section()
   )  # a second parameter tree: train/implicit_prm
+  c.auxiliary_loss = (
+    auxiliary_loss.auxiliary_loss_section()
+  )  # added in the step: train/auxiliary_loss
   c.sampling = ConfigDict(
     # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
     dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5, phase_steps=32)
@@ -311,6 +315,7 @@ def validate(c) -> None:
   _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
   reward_config.validate_reward(c)  # names, import paths, kwargs: builds the reward once
   model_rewards.validate_model_reward(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
+  auxiliary_loss.validate_auxiliary_loss(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
   try:  # an unknown rl.advantage is reported below, with the choices
     reads_prm = "prm_token_rewards" in methods.estimator(c.rl.advantage).reads
   except ValueError:
@@ -324,9 +329,10 @@ def validate(c) -> None:
   _need(c.implicit_prm.learning_rate > 0, "implicit_prm.learning_rate", "must be > 0")
   multiturn = c.get("env") is not None and bool(c.env.id)
   _need(
-    not (multiturn and (c.implicit_prm.enabled or c.model_reward.name)),
+    not (multiturn and (c.implicit_prm.enabled or c.model_reward.name or c.auxiliary_loss.name)),
     "env.id",
-    "the implicit PRM and config.model_reward are single-turn only (not in the episode collector)",
+    "the implicit PRM, config.model_reward and config.auxiliary_loss are single-turn only (not in "
+    "the episode collector)",
   )
   _need(c.implicit_prm.beta > 0, "implicit_prm.beta", "must be > 0")
   s = c.sampling

@@ -40,13 +40,14 @@ FIELD_HELP: dict[str, str] = {
   # data
   "data.source": "'task' (built-in), 'files' (data.path), 'reasoning_gym' or 'humaneval'",
   "data.task.name": "built-in task",
-  "data.task.style": "'bare' ('12+7=' for char models) or 'word' (a sentence with \\boxed{})",
+  "data.task.style": "'bare' ('12+7='), 'worked' (column working, '>', answer) or 'word'",
   "data.task.ops": "arithmetic operators to draw from, e.g. '+-'",
   "data.task.min_value": "smallest operand",
   "data.task.max_value": "largest operand",
   "data.task.num_terms": "number of operands",
   "data.task.heldout_fraction": "share of problems held out for evaluation (split by content hash)",
   "data.task.zero_pad": "write operands with a fixed number of digits ('07+12=')",
+  "data.task.paraphrase": "addition in pairs 'a+b=' / 'b+a=' sharing pair_key (Co-Reward)",
   "data.path": "data.source='files': training rows (.jsonl / .parquet), see README 'own data'",
   "data.eval_path": "held-out rows (default: a content-hash split of data.path)",
   "data.prompt_template": "str.format template over a row's columns giving the prompt",
@@ -85,6 +86,8 @@ FIELD_HELP: dict[str, str] = {
   "implicit_prm.enabled": "train an implicit PRM (second tree); needs an estimator reading its rewards",
   "implicit_prm.beta": "beta of the PRM token reward beta (log pi_phi - log pi_ref) and of its score",
   "implicit_prm.learning_rate": "learning rate of the PRM's own Adam",
+  "auxiliary_loss.name": "auxiliary loss added to the policy loss ('' = off; losses.AUXILIARY_LOSSES)",
+  "auxiliary_loss.token": "text of the one pre-specified token the auxiliary loss reads (z_c)",
   # sampling
   "sampling.num_samples": "G: completions sampled per prompt (the group)",
   "sampling.temperature": "sampling temperature of the rollouts",
@@ -156,13 +159,14 @@ CHOICES: dict[str, tuple] = {
   "tokenizer.kind": ("char", "model"),
   "data.source": config_lib.DATA_SOURCES,
   "data.task.name": tuple(sorted(tasks.TASKS)),
-  "data.task.style": ("bare", "word"),
+  "data.task.style": tasks.STYLES,
   "data.reasoning_gym.answer_format": ("answer_tag", "raw"),
   "data.humaneval.style": ("completion", "instruct"),
   "rl.advantage": tuple(sorted(advantages.ESTIMATORS)),
   "rl.group_filter": tuple(sorted(advantages.GROUP_FILTERS)),
   "rl.zero_variance": config_lib.ZERO_VARIANCE,
   "model_reward.name": model_rewards.KINDS,
+  "auxiliary_loss.name": ("", *sorted(losses.AUXILIARY_LOSSES)),
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
   "objective.name": tuple(sorted(losses.OBJECTIVES)),
   "optim.schedule": ("constant", "cosine", "linear"),
@@ -195,7 +199,15 @@ def advantage_kwarg_help(name: str) -> str:
   return f"estimator setting (unset = the estimator's default); used by: {', '.join(users)}"
 
 
+def auxiliary_kwarg_help(name: str) -> str:
+  """Help of ``auxiliary_loss.kwargs.<name>``: which auxiliary losses take it."""
+  users = [n for n, s in sorted(losses.AUXILIARY_LOSSES.items()) if name in s.hyperparameters()]
+  return f"auxiliary-loss setting (unset = its default); used by: {', '.join(users)}"
+
+
 def help_for(field: str) -> str:
+  if field.startswith("auxiliary_loss.kwargs."):
+    return auxiliary_kwarg_help(field.split(".", 2)[2])
   if field.startswith("objective.kwargs."):
     return kwarg_help(field.split(".", 2)[2])
   if field.startswith("rl.advantage_kwargs."):

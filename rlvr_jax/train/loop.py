@@ -14,7 +14,7 @@ Trainer: it places the state, the minibatches and the sampler's params, shards t
 over processes, and gathers prompts, rollouts and rewards; ``train.sharded.MeshTrainer`` is the
 Trainer with a ``MeshLayout``.
 
-Exact resume: every source of randomness is a pure function of (seed, step, data position), the
+Exact resume: every source of randomness is a deterministic function of (seed, step, data position), the
 data position and advantage-estimator state are in the checkpoint with the params, optimiser state
 and run key, so ``N/2 steps, kill, resume, N/2 steps`` repeats an uninterrupted ``N`` steps.
 """
@@ -35,6 +35,7 @@ from rlvr_jax import checkpoint as ckpt_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
 from rlvr_jax.train import (
+  auxiliary_loss,
   build,
   evaluate,
   implicit_prm,
@@ -95,6 +96,8 @@ class Trainer:
     what = {"tiny": "initialising", "smollm2": "loading SmolLM2 weights"}.get(c.model.source)
     log(f"{what or f'loading weights from {c.model.path}'} ...")
     self.tokenizer, params, self.model_config = build.build_tokenizer_and_model(c)
+    aux_step = auxiliary_loss.step_arguments(c, self.tokenizer)  # {} when off; before workers
+    self.auxiliary = aux_step.get("auxiliary")
     num = sum(int(np.size(x)) for x in jax.tree.leaves(params))
     log(f"model ready: {num / 1e6:.2f} M parameters ({time.perf_counter() - t0:.1f} s)")
     source, self.heldout = data_lib.build_sources(c.data)
@@ -136,6 +139,7 @@ class Trainer:
       chunk_size=r.logprob_chunk,
       on_policy=self.updates_per_step == 1,
       fused_loss=config_lib.FUSED_LOSS[r.fused_loss],
+      **aux_step,
     )
     # State carried between steps by the methods (their specs say what), checkpointed.
     extra = step_lib.init_extra(objective, kwargs)
@@ -251,6 +255,9 @@ class Trainer:
       sampler_logp=jnp.asarray(sampler_logp),
       ref_logp=None if ref is None else jnp.asarray(ref[rows]),
       extras=extras,
+      aux=auxiliary_loss.row_inputs(
+        self.auxiliary, jnp.asarray(np.asarray(batch.rewards, np.float32).reshape(-1)[rows])
+      ),
     )
     num_tokens = float(cmask.sum())
     num_seqs = float((cmask.sum(-1) > 0).sum())

@@ -8,7 +8,9 @@ Config section ``config.model_reward``::
   weight       w in R = R_host + w R_model (with ``replace``: R = w R_model)
   replace      drop the host reward (label-free Intuitor training: name='self_certainty')
   marker       text that starts the answer span (e.g. '<answer>'); the reasoning kept before the
-               reference is the completion up to its first occurrence ('' : the whole completion)
+               reference is the completion up to its first occurrence ('' : the whole completion),
+               and the splice is [x, z, marker, y*] with only y* scored (without reasoning:
+               [x, marker, y*]), so y* is read where the policy writes its answer
 
 RLPR's R = (1 − c_f) Δ + c_f r_fmt is ``name='rlpr'`` with ``weight = 1 − c_f`` and a host format
 reward weighted c_f (``reward.components``); the model reward itself is Δ.
@@ -47,9 +49,12 @@ def validate_model_reward(c, error) -> None:
     raise error("model_reward.replace", "needs model_reward.name")
 
 
-def reference_ids(tokenizer, answers, *, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-  """Host: token ids of the reference answers, right padded: ([B, A] int32, [B, A] bool)."""
-  ids = [list(tokenizer.encode(str(a), add_special_tokens=False)) for a in answers]
+def reference_ids(
+  tokenizer, answers, *, pad_id: int, prefix: tuple[int, ...] = ()
+) -> tuple[np.ndarray, np.ndarray]:
+  """Host: token ids of the reference answers after ``prefix`` (the marker's ids), right padded:
+  ([B, A] int32, [B, A] bool)."""
+  ids = [[*prefix, *tokenizer.encode(str(a), add_special_tokens=False)] for a in answers]
   width = max(1, max(len(x) for x in ids))
   out = np.full((len(ids), width), pad_id, np.int32)
   mask = np.zeros((len(ids), width), bool)
@@ -73,7 +78,9 @@ def make_model_reward_fn(
 
   Keys: ``model_reward`` (the reward) plus diagnostics (``mean_prob``, ``mean_prob_no_reasoning``
   for the reference kinds). ``reference`` / ``reference_mask`` / ``format_reward`` are ignored by
-  ``self_certainty`` (pass None). Distributions are at temperature 1 (the model's own).
+  ``self_certainty`` (pass None). With ``marker_ids`` each reference row starts with them
+  (``reference_ids(..., prefix=marker_ids)``): they are spliced after the reasoning but not
+  scored. Distributions are at temperature 1 (the model's own).
   """
   if kind not in KINDS[1:]:
     raise ValueError(f"make_model_reward_fn: kind must be one of {KINDS[1:]}, got {kind!r}")
@@ -85,7 +92,10 @@ def make_model_reward_fn(
     )
 
   def spliced_likelihood(params, prompt_tokens, prompt_mask, tokens, keep, reference, ref_mask):
-    sp = logprobs.splice_reference(tokens, keep, reference, ref_mask, pad_id=pad_id)
+    scored = ref_mask & (jnp.arange(reference.shape[1])[None, :] >= len(marker_ids))
+    sp = logprobs.splice_reference(
+      tokens, keep, reference, ref_mask, score_mask=scored, pad_id=pad_id
+    )
     h, unembed, targets = hidden_of(params, prompt_tokens, prompt_mask, sp.tokens)
     logp, _ = logprobs.token_logprobs_from_hidden(
       h, unembed, targets, chunk_size=chunk_size, compute_entropy=False
@@ -138,7 +148,8 @@ def score(fn, cfg, tokenizer, params, rollout, answers) -> dict:
   (device arrays; the reference kinds tokenise ``answers`` on the host first)."""
   ref = ref_mask = None
   if cfg.name in REFERENCE_KINDS:
-    ref, ref_mask = reference_ids(tokenizer, answers, pad_id=tokenizer.pad_id)
+    marker = tuple(tokenizer.encode(cfg.marker, add_special_tokens=False)) if cfg.marker else ()
+    ref, ref_mask = reference_ids(tokenizer, answers, pad_id=tokenizer.pad_id, prefix=marker)
   got = fn(
     params, rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens, rollout.completion_mask,
     ref, ref_mask, None,

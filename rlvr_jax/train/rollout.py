@@ -409,6 +409,8 @@ class Collector:
     greedy_rewards = None
     if "completion_mask" in reads:
       inputs["completion_mask"] = completion_mask
+    if "completion_tokens" in reads:
+      inputs["completion_tokens"] = np.concatenate([g["tokens"] for g in groups], axis=0)
     if "answer_ids" in reads:
       inputs["answer_ids"] = answer_ids(groups)
     if "greedy_rewards" in reads:

@@ -24,10 +24,11 @@ def encode_sft_batch(records, tokenizer, *, prompt_texts, completion_len: int, b
   comp = np.full((len(records), completion_len), tokenizer.pad_id, np.int32)
   comp_mask = np.zeros((len(records), completion_len), bool)
   for i, r in enumerate(records):
-    ans = tokenizer.encode(r["answer"], add_special_tokens=False) + [tokenizer.eos_ids[0]]
+    target = r.get("demonstration", r["answer"])  # worked solutions: working, then the answer
+    ans = tokenizer.encode(target, add_special_tokens=False) + [tokenizer.eos_ids[0]]
     if len(ans) > completion_len:
       raise ValueError(
-        f"answer {r['answer']!r} needs {len(ans)} tokens > sampling.max_new_tokens={completion_len}"
+        f"demonstration {target!r} needs {len(ans)} tokens > sampling.max_new_tokens={completion_len}"
       )
     comp[i, : len(ans)] = ans
     comp_mask[i, : len(ans)] = True

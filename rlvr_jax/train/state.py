@@ -67,6 +67,7 @@ class TrainBatch:
     sampler_logp: [B, T] float32 sampler log-probs of the completion tokens.
     ref_logp: [B, T] float32 reference log-probs, or None.
     extras: dict of extra [B, T] per-token inputs objectives ask for by keyword (e.g. proxy_logp).
+    aux: dict of [B] per-row inputs of the auxiliary loss (``losses.AUX_READS``), or None.
   """
 
   tokens: jax.Array
@@ -77,3 +78,4 @@ class TrainBatch:
   sampler_logp: jax.Array
   ref_logp: Any
   extras: Any
+  aux: Any = None

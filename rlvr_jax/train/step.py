@@ -62,9 +62,13 @@ def sequence_inputs(prompt_tokens, prompt_mask, completion_tokens):
   return tokens, positions
 
 
-def completion_hidden(params, tokens, positions, *, num_completion: int, model_config):
+def completion_hidden(
+  params, tokens, positions, *, num_completion: int, model_config, with_states: bool = False
+):
   """(hidden [B, T, D], unembed [D, V], targets [B, T]) for the last T tokens of ``tokens`` [B, S]:
-  the final hidden states that predict them and the unembedding matrix."""
+  the final hidden states that predict them and the unembedding matrix. ``with_states`` appends
+  the states AT those tokens ([B, T, D]: the one at a completion's last token predicts what
+  follows it, where an auxiliary loss may read a self-reward)."""
   s = tokens.shape[1]
   if not 0 < num_completion < s:
     raise ValueError(
@@ -73,7 +77,8 @@ def completion_hidden(params, tokens, positions, *, num_completion: int, model_c
   hidden, _ = model.forward(params, tokens, positions, config=model_config)
   # The hidden state at index i predicts token i + 1.
   h = hidden[:, s - num_completion - 1 : s - 1]
-  return h, model.unembed_matrix(params, model_config), tokens[:, s - num_completion :]
+  out = (h, model.unembed_matrix(params, model_config), tokens[:, s - num_completion :])
+  return (*out, hidden[:, s - num_completion :]) if with_states else out
 
 
 def completion_logprobs(
@@ -123,6 +128,8 @@ class StepConfig:
     on_policy: the step batch is the only update on its rollout batch: old_logp = sg(logp) and
       ``batch.old_logp`` is ignored.
     fused: the objective is fused into the log-prob sweep (``logprobs.fused_objective_from_hidden``).
+    auxiliary: a ``losses.AuxiliarySpec`` added to the loss of every micro-batch, or None.
+    auxiliary_kwargs: its keyword settings, as sorted (name, value) pairs.
   """
 
   model_config: Any
@@ -134,6 +141,8 @@ class StepConfig:
   chunk_size: int = 128
   on_policy: bool = False
   fused: bool = False
+  auxiliary: Any = None
+  auxiliary_kwargs: tuple = ()
 
   @property
   def hp(self) -> dict:
@@ -198,19 +207,30 @@ def micro_batch_loss(cfg: StepConfig, params, mb: TrainBatch, num_tokens, num_se
       **mb.extras, **extra, **cfg.hp,
     )  # fmt: skip
 
+  aux = cfg.auxiliary
+  h, unembed, targets, *states = completion_hidden(
+    params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
+    model_config=cfg.model_config, with_states=aux is not None,
+  )  # fmt: skip
   if cfg.fused:
-    h, unembed, targets = completion_hidden(
-      params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
-      model_config=cfg.model_config,
-    )  # fmt: skip
     loss, logp, entropy = logprobs.fused_objective_from_hidden(
       h, unembed, targets, lambda lp, ent: run(lp, ent)[0], temperature=cfg.temperature,
       logp_fill=mb.sampler_logp,
     )  # fmt: skip
     _, metrics = run(logp, entropy)  # on the constants: metrics only
   else:
-    logp, entropy = score(cfg, params, mb)
+    logp, entropy = logprobs.token_logprobs_from_hidden(
+      h, unembed, targets, temperature=cfg.temperature, chunk_size=cfg.chunk_size,
+      compute_entropy=True,
+    )  # fmt: skip
     loss, metrics = run(logp, entropy)
+  if aux is not None:  # an auxiliary loss on the same forward pass (losses.AUXILIARY_LOSSES)
+    aux_loss, aux_metrics = aux.fn(
+      states[0], unembed, mb.completion_mask, num_seqs=num_seqs,
+      **{k: mb.aux[k] for k in aux.reads}, **dict(cfg.auxiliary_kwargs),
+    )  # fmt: skip
+    loss = loss + aux_loss
+    metrics = {**metrics, **aux_metrics}
   m = mb.completion_mask
   gap = jnp.abs(jax.lax.stop_gradient(logp) - mb.sampler_logp)
   metrics = dict(metrics)
@@ -312,6 +332,8 @@ def make_train_step(
   chunk_size: int = 128,
   on_policy: bool = False,
   fused_loss: bool | str = "auto",
+  auxiliary=None,
+  auxiliary_kwargs: dict | None = None,
 ):
   """``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``: the jitted
   ``train_step`` bound to its ``StepConfig``.
@@ -325,6 +347,9 @@ def make_train_step(
     fused_loss: fuse the objective into the log-prob sweep: 'auto' (default) when the objective
       is token-local with these options (``spec.is_token_local``); True: require it (ValueError
       otherwise); False: never.
+    auxiliary: a ``losses.AuxiliarySpec`` (or its name in ``losses.AUXILIARY_LOSSES``) added to
+      the loss on the same forward pass; its per-row reads come from ``batch.aux``.
+    auxiliary_kwargs: its keyword settings (with ``token_id`` when the spec takes a token).
   ``key`` is a typed PRNG key (the ``step_noise`` inputs are drawn from it). A stateful objective
   needs ``state.extra`` from ``init_extra(objective, objective_kwargs)``.
   """
@@ -343,6 +368,8 @@ def make_train_step(
     objective_kwargs=tuple(sorted(kwargs.items())), num_microbatches=num_microbatches,
     temperature=temperature, chunk_size=chunk_size, on_policy=on_policy,
     fused=token_local and fused_loss in (True, "auto"),
+    auxiliary=losses.AUXILIARY_LOSSES[auxiliary] if isinstance(auxiliary, str) else auxiliary,
+    auxiliary_kwargs=tuple(sorted((auxiliary_kwargs or {}).items())),
   )  # fmt: skip
   return functools.partial(train_step, cfg=cfg)
 
