@@ -130,10 +130,17 @@ def _inputs(seed=0):
       np.where(np.arange(3) < turns[:, None], turn_r, np.nan), jnp.float32
     ),
     "turn_index": jnp.asarray(np.where(index <= turns[:, None], index, 0), jnp.int32),
+    "completion_tokens": jnp.asarray(rng.integers(0, 3, (B, T)), jnp.int32),
   }
 
 
-REQUIRED = {"passk_training": {"k": 2}, "pkpo": {"k": 2}, "riskpo": {"bundle_size": 2}}
+REQUIRED = {
+  "passk_training": {"k": 2},
+  "pkpo": {"k": 2},
+  "riskpo": {"bundle_size": 2},
+  "pure": {"separator_ids": (1,)},  # token 1 ends a step
+  "pure_token_rewards": {"separator_ids": (1,)},
+}
 
 
 @pytest.mark.parametrize("name", sorted(advantages.ESTIMATORS))
