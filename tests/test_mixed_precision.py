@@ -236,3 +236,32 @@ def test_config_accepts_mixed_precision_and_corrections(tmp_path):
     objective=dict(kwargs=dict(mismatch="token_truncate", mismatch_high=2.0)),
   )  # fmt: skip
   config_lib.validate(c)
+
+
+def test_trainer_in_mixed_precision_applies_the_bf16_default_correction(tmp_path):
+  """One RL step of the trainer with model.compute_dtype='bfloat16': the gap is logged, the
+  default correction (config.BF16_MISMATCH: TIS, C = 2) is applied, the master params stay
+  float32; an explicit objective.kwargs.mismatch wins over the default."""
+  from rlvr_jax.train import loop
+
+  assert config_lib.mismatch_defaults(config_lib.tiny_config(tmp_path)) == {}
+  explicit = config_lib.tiny_config(
+    tmp_path, model=dict(compute_dtype="bfloat16"), objective=dict(kwargs=dict(mismatch="none"))
+  )
+  trainer = loop.Trainer(explicit, log=lambda s: None)
+  try:  # the step's static configuration holds the objective's keywords
+    assert dict(trainer.train_step.keywords["cfg"].objective_kwargs)["mismatch"] == "none"
+  finally:
+    trainer.close()
+  c = config_lib.tiny_config(tmp_path, model=dict(compute_dtype="bfloat16"))
+  trainer = loop.Trainer(c, log=lambda s: None)
+  try:
+    assert trainer.restore_or_start() == 0
+    m = trainer.rl_step(0)
+    assert trainer.model_config.mixed_precision
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trainer.state.params))
+  finally:
+    trainer.close()
+  assert 0 < m["logp_gap/mean"] < 0.05
+  assert "mismatch/weight_mean" in m and m["mismatch/weight_mean"] != 1.0
+  assert m["mismatch/masked_frac"] == 0.0  # a truncation, not a mask

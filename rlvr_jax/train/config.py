@@ -431,6 +431,20 @@ def validate(c) -> None:
   )
 
 
+# The sampler/trainer correction a run computing in bfloat16 gets unless objective.kwargs.mismatch
+# is set: truncated importance sampling, w = min(rho, 2) per token. Chosen by measurement
+# (tools/precision_gap.py, docs/design.md "Mixed precision"): on SmolLM2 every token's rho was in
+# [0.78, 1.28], so the cap never binds and w is the plain per-token correction for the bfloat16
+# sampler, while sequence-level ratios already reached exp(+-0.61) at 64 tokens.
+BF16_MISMATCH = {"mismatch": "token_truncate", "mismatch_high": 2.0}
+
+
+def mismatch_defaults(c) -> dict:
+  """``BF16_MISMATCH`` when the run computes in bfloat16 (``model.dtype`` or
+  ``model.compute_dtype``), else {}; explicit ``objective.kwargs.mismatch*`` values win."""
+  return dict(BF16_MISMATCH) if "bfloat16" in (c.model.dtype, c.model.compute_dtype) else {}
+
+
 def _validate_mismatch(kw: dict) -> None:
   """The sampler/trainer mismatch correction (``objective.kwargs.mismatch*``,
   ``losses.mismatch_weights``): a known mode and bounds 0 <= low <= high."""

@@ -182,7 +182,10 @@ def kwarg_help(name: str) -> str:
     obj for obj, fn in sorted(losses.OBJECTIVES.items()) if name in inspect.signature(fn).parameters
   ]
   where = ", ".join(users) if users else "all objectives (common option)"
-  return f"objective hyperparameter (unset = the objective's default); used by: {where}"
+  text = f"objective hyperparameter (unset = the objective's default); used by: {where}"
+  if name in config_lib.BF16_MISMATCH:
+    text += f"; bfloat16 runs default to {config_lib.BF16_MISMATCH[name]!r}"
+  return text
 
 
 # Leaves of one ``reward.components.<key>`` entry (train.reward_config.reward_component).
