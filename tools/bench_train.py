@@ -85,7 +85,8 @@ def bench_update(cfg, *, rows: int, prompt_len: int, completion_len: int, repeat
   n_tok = float(rows * completion_len)
   state = init_state(params, opt, jax.random.key(1))
   args = (batch, n_tok, float(rows), jax.random.key(2))
-  compiled = step.lower(state, *args).compile()
+  # make_train_step returns the jitted train_step bound to its static StepConfig: lower that.
+  compiled = step.func.lower(state, *args, **step.keywords).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list | tuple) else cost
   flops = float(cost.get("flops", 0.0))
