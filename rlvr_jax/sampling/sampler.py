@@ -162,8 +162,8 @@ def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfi
 
   In a host loop pass ``model.unstack_layers(model.compute_params(params, config), config)``
   (once): with stacked params every call copies each layer's weights out of the stack first, and
-  with float32 params under a bfloat16 ``compute_dtype`` every call casts them. (``prefill`` runs the stacked layer
-  scan: give it the stacked params; unstacked ones are re-stacked.)
+  with float32 params under a bfloat16 ``compute_dtype`` every call casts them. (``prefill`` runs
+  the stacked layer scan: give it the stacked params; unstacked ones are re-stacked.)
   """
   if tokens.shape != positions.shape or tokens.ndim != 1:
     raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} must both be [B]")
