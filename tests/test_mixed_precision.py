@@ -239,6 +239,7 @@ def test_config_accepts_mixed_precision_and_corrections(tmp_path):
   config_lib.validate(c)
 
 
+@pytest.mark.slow  # a trainer with reward workers and one compiled RL step: ~25 s of CPU
 def test_trainer_in_mixed_precision_applies_the_bf16_default_correction(tmp_path):
   """One RL step of the trainer with model.compute_dtype='bfloat16': the gap is logged, the
   default correction (config.BF16_MISMATCH: TIS, C = 2) is applied, the master params stay
