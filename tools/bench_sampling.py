@@ -20,6 +20,8 @@ no early stop (every row generates exactly ``--new-tokens`` tokens). For each mo
 Usage (2-core CPU shared with other jobs: record ``uptime`` with the results):
   .venv/bin/python tools/bench_sampling.py --models tiny,smollm2 --batch-sizes 1,8,32,64 \
       --new-tokens 128
+  # --compute-dtype bfloat16: ours in mixed precision (float32 weights, bfloat16 compute copy),
+  # transformers with the weights loaded in bfloat16
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlvr_jax.model import ModelConfig, export_hf, init_params, unstack_layers  # noqa: E402
+from rlvr_jax.model import (  # noqa: E402
+  ModelConfig,
+  compute_params,
+  export_hf,
+  init_params,
+  unstack_layers,
+)
 from rlvr_jax.sampling import Greedy, decode_step, generate, pad_to_bucket, prefill  # noqa: E402
 from rlvr_jax.sampling import sampler as sampler_lib  # noqa: E402
 
@@ -159,7 +167,8 @@ def bench_ours(params, config, ids, mask, new_tokens):
   logits, cache, positions = prefill(
     params, tokens_b, mask_b, config=config, cache_len=tokens_b.shape[1] + steps + 1
   )
-  per_layer = unstack_layers(params, config)  # once, as generate does before its decode loop
+  # once, as generate does before its decode loop (and the compute-dtype copy with it)
+  per_layer = unstack_layers(compute_params(params, config), config)
   tok = jnp.argmax(logits, -1).astype(jnp.int32)
   logits, cache = decode_step(per_layer, cache, tok, positions, config=config)  # compile
   jax.block_until_ready(logits)
@@ -237,6 +246,7 @@ def main():
     "--skip-compiled", action="store_true", help="skip static cache + torch.compile"
   )
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count() or 1)
+  parser.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument(
     "--rounds",
     type=int,
@@ -248,7 +258,8 @@ def main():
     "--dtype",
     default="float32",
     choices=("float32", "bfloat16"),
-    help="weights and activations of both contenders (ours: params loaded in this dtype)",
+    help="parameter dtype of ours (bfloat16: pure bfloat16); transformers computes in ours' "
+    "compute dtype (bfloat16 when this or --compute-dtype is)",
   )
   parser.add_argument("--json-out", default="", help="also write the rows as JSON here")
   args = parser.parse_args()
@@ -257,7 +268,8 @@ def main():
   torch.set_num_threads(args.torch_threads)
   print(
     f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()}-core CPU; "
-    f"jax {jax.__version__}, torch {torch.__version__} ({args.torch_threads} threads), {args.dtype}"
+    f"jax {jax.__version__}, torch {torch.__version__} ({args.torch_threads} threads), "
+    f"params {args.dtype}, compute {args.compute_dtype}"
   )
   print("# load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
   print(
@@ -268,8 +280,10 @@ def main():
   rows = []
   for name in args.models.split(","):
     params, config, ids, mask = load_model(name, args.dtype)
+    config = config.replace(compute_dtype=args.compute_dtype)
     pad = config.pad_token_id or 0
-    dynamic = hf_model(params, config, args.dtype)
+    # transformers in the precision ours computes in (bfloat16 when either flag says so)
+    dynamic = hf_model(params, config, config.activation_dtype)
     compiled_model = None if args.skip_compiled else dynamic
     compiled_error = None
     for batch in [int(b) for b in args.batch_sizes.split(",")]:

@@ -2,8 +2,11 @@
 
   .venv/bin/python tools/bench_train.py                # all parts
   .venv/bin/python tools/bench_train.py --skip_loop    # only the update FLOP/s part
+  .venv/bin/python tools/bench_train.py --compute_dtype=bfloat16   # mixed precision throughout
 
-1. Matmul peak: the best of several float32 [n, n] @ [n, n] products (2 n^3 FLOPs each).
+1. Matmul peak: the best of several [n, n] @ [n, n] products (2 n^3 FLOPs each) in the compute
+   dtype (``--compute_dtype``: float32, or bfloat16 operands with float32 accumulation, as the
+   mixed-precision model computes; ``model.compute_dtype``, float32 master weights).
 2. The jitted train step (forward + backward + AdamW, GRPO objective) on random rollout batches of
    a few model sizes: FLOPs counted analytically (``update_flops``: matmuls of every layer on
    every token, attention scores and values, the unembedding on completion tokens only, backward
@@ -33,10 +36,11 @@ from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.state import TrainBatch, init_state
 
 
-def matmul_peak(n: int = 1024, repeats: int = 10, dtype=jnp.float32) -> float:
-  """Best FLOP/s of a jitted [n, n] @ [n, n] product in ``dtype`` (2 n^3 FLOPs per call)."""
+def matmul_peak(n: int = 1024, repeats: int = 10, dtype="float32") -> float:
+  """Best FLOP/s of a jitted [n, n] @ [n, n] product in ``dtype`` (2 n^3 FLOPs per call; float32
+  accumulation)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-  f = jax.jit(lambda x: x @ x)
+  f = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32))
   f(a).block_until_ready()
   best = float("inf")
   for _ in range(repeats):
@@ -83,7 +87,8 @@ def bench_update(cfg, *, rows: int, prompt_len: int, completion_len: int, repeat
   n_tok = float(rows * completion_len)
   state = init_state(params, opt, jax.random.key(1))
   args = (batch, n_tok, float(rows), jax.random.key(2))
-  compiled = step.lower(state, *args).compile()
+  # make_train_step returns the jitted train_step bound to its static StepConfig: lower that.
+  compiled = step.func.lower(state, *args, **step.keywords).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list | tuple) else cost
   flops = float(cost.get("flops", 0.0))
@@ -109,7 +114,7 @@ def bench_update(cfg, *, rows: int, prompt_len: int, completion_len: int, repeat
   }
 
 
-def run_default_steps(steps: int) -> dict:
+def run_default_steps(steps: int, compute_dtype: str = "float32") -> dict:
   import importlib.util
 
   from rlvr_jax.metrics import read_jsonl
@@ -122,6 +127,7 @@ def run_default_steps(steps: int) -> dict:
   c.workdir = tempfile.mkdtemp(prefix="bench_train_")
   c.warm_start.num_steps = c.warm_start.clean_steps = 0
   c.rl.num_steps = steps
+  c.model.compute_dtype = compute_dtype
   c.data.num_eval = 32
   c.checkpoint.every = 0
   c.logging.progress = c.logging.tensorboard = c.logging.plot = False
@@ -143,9 +149,11 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--skip_loop", action="store_true")
   parser.add_argument("--loop_steps", type=int, default=12)
+  parser.add_argument("--compute_dtype", default="float32", choices=("float32", "bfloat16"))
   args = parser.parse_args()
-  out = {"load_avg": os.getloadavg(), "devices": str(jax.devices()[0])}
-  out["matmul_peak_flops_per_s"] = max(matmul_peak(1024), matmul_peak(2048, repeats=3))
+  dt = args.compute_dtype
+  out = {"load_avg": os.getloadavg(), "devices": str(jax.devices()[0]), "compute_dtype": dt}
+  out["matmul_peak_flops_per_s"] = max(matmul_peak(1024, dtype=dt), matmul_peak(2048, 3, dtype=dt))
   sizes = {
     "default tiny (D64 L2, B256 S13)": (
       model.ModelConfig.tiny(vocab_size=17, hidden_size=64, intermediate_size=256, num_layers=2,
@@ -155,11 +163,11 @@ def main():
                              num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64), 32, 64, 64),
   }  # fmt: skip
   for name, (cfg, rows, sp, t) in sizes.items():
-    r = bench_update(cfg, rows=rows, prompt_len=sp, completion_len=t)
+    r = bench_update(cfg.replace(compute_dtype=dt), rows=rows, prompt_len=sp, completion_len=t)
     r["fraction_of_peak"] = r["achieved_flops_per_s"] / out["matmul_peak_flops_per_s"]
     out[name] = r
   if not args.skip_loop:
-    out["default RL step phases (median s)"] = run_default_steps(args.loop_steps)
+    out["default RL step phases (median s)"] = run_default_steps(args.loop_steps, dt)
   out["load_avg_after"] = os.getloadavg()
   print(json.dumps(out, indent=2))
 

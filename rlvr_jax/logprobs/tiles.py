@@ -189,9 +189,11 @@ def backward_tile(dw, h_c, w, y_c, lse, entropy, cotangents, inv_tau, vblock, zs
     cols, fresh = block_columns(index, start, vblock)
     dz = chunk_dz(z, cols, y_c, lse, entropy, g_logp, g_entropy, g_mu, vocab_size)
     dz = jnp.where(fresh, dz * inv_tau, 0.0)  # d/d(h @ w)
-    dh_c = dh_c + jnp.dot(dz, w_b.T, preferred_element_type=jnp.float32)
+    # Both products run in the inputs' dtype (bfloat16 inputs: bfloat16 operands, float32
+    # accumulation, as the forward's logits), not on float32 upcasts of h and w.
+    dh_c = dh_c + jnp.dot(dz.astype(w_b.dtype), w_b.T, preferred_element_type=jnp.float32)
     dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
-    dw_b = dw_b + jnp.dot(h_c.T, dz, preferred_element_type=jnp.float32)
+    dw_b = dw_b + jnp.dot(h_c.T, dz.astype(h_c.dtype), preferred_element_type=jnp.float32)
     return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
 
   dh0 = jnp.zeros(h_c.shape, jnp.float32)

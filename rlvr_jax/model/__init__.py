@@ -4,7 +4,7 @@ Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
   KVCache, init_cache, grow_cache, forward, forward_into_new_cache, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
-  unstack_layers, layer_params,
+  unstack_layers, layer_params, compute_params (the bfloat16 copy of mixed precision),
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
 Loading, export and the tokenizer import ``transformers`` / ``safetensors`` / ``gguf`` lazily, so
@@ -38,6 +38,7 @@ from rlvr_jax.model.params import (
   param_shardings,
   param_specs,
 )
+from rlvr_jax.model.precision import compute_params
 
 _LAZY = {
   "load_hf": "rlvr_jax.model.loading",
@@ -68,6 +69,7 @@ __all__ = [
   "cache_logical_axes",
   "cache_shardings",
   "check_params",
+  "compute_params",
   "count_params",
   "forward",
   "forward_into_new_cache",

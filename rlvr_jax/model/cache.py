@@ -62,7 +62,7 @@ def init_cache(
   config: ModelConfig, batch_size: int, max_len: int, dtype: str | jnp.dtype | None = None
 ) -> KVCache:
   """An empty cache: zeros for k/v, all positions -1, index 0."""
-  dtype = jnp.dtype(config.dtype if dtype is None else dtype)
+  dtype = jnp.dtype(config.activation_dtype if dtype is None else dtype)
   k_shape, v_shape = kv_shapes(config, batch_size, max_len)
   return KVCache(
     k=tuple(jnp.zeros(k_shape, dtype) for _ in range(config.num_layers)),

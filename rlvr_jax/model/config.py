@@ -50,7 +50,13 @@ class ModelConfig:
     qk_norm: RMSNorm of q and k over the head dim (Qwen3).
     max_position_embeddings: longest position the model was trained for.
     bos_token_id / eos_token_ids / pad_token_id: special ids (eos is a tuple: models have several).
-    dtype: "float32" or "bfloat16": parameter and compute dtype (softmax and norms stay float32).
+    dtype: "float32" or "bfloat16": the parameter (storage) dtype. "bfloat16" alone is pure
+      bfloat16: weights, activations and the KV cache in bfloat16.
+    compute_dtype: "float32" or "bfloat16": the matmul / activation / KV-cache dtype with float32
+      parameters. "bfloat16" with dtype "float32" is mixed precision: the forward pass runs on a
+      bfloat16 copy of the weights (``model.compute_params``), the float32 ones stay the master
+      copy. The dtype actually used is ``activation_dtype`` (see there). Softmax, norms and
+      log-prob statistics stay float32 in every mode.
     remat: rematerialise each decoder layer in the backward pass (saves activation memory).
     family: "llama", "qwen2" or "qwen3" (used when exporting a config.json).
   """
@@ -73,6 +79,7 @@ class ModelConfig:
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int | None = None
   dtype: str = "float32"
+  compute_dtype: str = "float32"
   remat: bool = False
   family: str = "llama"
 
@@ -85,8 +92,22 @@ class ModelConfig:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    if self.compute_dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
     if self.family not in ("llama", "qwen2", "qwen3"):
       raise UnsupportedModelError(f"unknown family {self.family!r}")
+
+  @property
+  def activation_dtype(self) -> str:
+    """The dtype of matmul inputs, activations and the KV cache: "bfloat16" when either ``dtype``
+    or ``compute_dtype`` is bfloat16 (bfloat16 weights are never upcast to compute in float32),
+    else "float32"."""
+    return "bfloat16" if "bfloat16" in (self.dtype, self.compute_dtype) else "float32"
+
+  @property
+  def mixed_precision(self) -> bool:
+    """float32 master parameters with a bfloat16 forward (``compute_params`` casts a copy)."""
+    return self.dtype == "float32" and self.activation_dtype == "bfloat16"
 
   @property
   def rope_scaling_dict(self) -> dict[str, Any] | None:

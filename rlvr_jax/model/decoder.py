@@ -23,15 +23,17 @@ import jax.numpy as jnp
 from rlvr_jax.model import layers as L
 from rlvr_jax.model.cache import KVCache, grow_cache, kv_shapes, to_cache_layout
 from rlvr_jax.model.config import ModelConfig
+from rlvr_jax.model.precision import compute_params
 
 Params = dict[str, Any]
 
 
 def unembed_matrix(params: Params, config: ModelConfig) -> jax.Array:
-  """The [D, V] unembedding: the transposed token embedding when tied, else ``lm_head``."""
-  if config.tie_word_embeddings:
-    return params["embed"].T
-  return params["lm_head"]
+  """The [D, V] unembedding in the compute dtype (``config.activation_dtype``): the transposed
+  token embedding when tied, else ``lm_head``."""
+  w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+  dtype = jnp.dtype(config.activation_dtype)
+  return w if w.dtype == dtype else w.astype(dtype)
 
 
 def logits_from_hidden(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:
@@ -190,9 +192,11 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
 
 def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool, fill=None):
   """The decoder. ``fill`` = (max_len, dtype): run without a cache and return a fresh one holding
-  the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path)."""
+  the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path). Runs on
+  ``compute_params(params)``: a no-op unless float32 params meet a bfloat16 compute dtype."""
   _check_inputs(params, tokens, positions, config, cache)
-  dtype = jnp.dtype(config.dtype)
+  params = compute_params(params, config)
+  dtype = jnp.dtype(config.activation_dtype)
   tokens = tokens.astype(jnp.int32)
   positions = positions.astype(jnp.int32)
   B, S = tokens.shape
@@ -275,7 +279,7 @@ def forward_into_new_cache(
   Returns:
     (hidden [B, S, D] after the final norm, cache with slots [0, S) filled and index S).
   """
-  dtype = jnp.dtype(config.dtype if cache_dtype is None else cache_dtype)
+  dtype = jnp.dtype(config.activation_dtype if cache_dtype is None else cache_dtype)
   out, cache, _ = _forward(params, tokens, positions, config, None, False, (max_len, dtype))
   return out, cache
 

@@ -34,6 +34,7 @@ from rlvr_jax import sharding as sharding_lib
 from rlvr_jax.model import (
   KVCache,
   ModelConfig,
+  compute_params,
   forward,
   forward_into_new_cache,
   grow_cache,
@@ -159,9 +160,10 @@ def prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
 def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfig):
   """One decode step with a donated cache: tokens [B], positions [B] -> (logits [B, V] f32, cache).
 
-  In a host loop pass ``model.unstack_layers(params, config)`` (once): with stacked params every
-  call copies each layer's weights out of the stack first. (``prefill`` runs the stacked layer
-  scan: give it the stacked params; unstacked ones are re-stacked.)
+  In a host loop pass ``model.unstack_layers(model.compute_params(params, config), config)``
+  (once): with stacked params every call copies each layer's weights out of the stack first, and
+  with float32 params under a bfloat16 ``compute_dtype`` every call casts them. (``prefill`` runs
+  the stacked layer scan: give it the stacked params; unstacked ones are re-stacked.)
   """
   if tokens.shape != positions.shape or tokens.ndim != 1:
     raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} must both be [B]")
@@ -266,6 +268,9 @@ def _generate(
   row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
   if not phases or phases[-1] != S + T or list(phases) != sorted(set(phases)) or phases[0] <= S:
     raise ValueError(f"cache phases {phases} must increase from above {S} to S + T = {S + T}")
+  # Mixed precision: the bfloat16 copy of the weights, made once for the whole call (the prefill
+  # and every decode step then find them in the compute dtype; a no-op in float32).
+  params = compute_params(params, config)
   # Each prompt is run through the model once (the stacked layer scan); its cache rows, next-token
   # logits and position are then repeated for its G samples (a G-times smaller prefill).
   logits, cache, start = _prefill(

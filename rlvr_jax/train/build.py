@@ -14,7 +14,9 @@ def build_model(c, *, vocab_size: int | None = None, eos_id: int | None = None, 
 
   ``tiny``: a from-scratch Llama-style model sized by the config, initialised from the run seed
   (its tokenizer is built separately, e.g. the character tokenizer). ``smollm2``: the embedded
-  SmolLM2-135M-Instruct. ``hf``: a local Hugging Face checkpoint directory.
+  SmolLM2-135M-Instruct. ``hf``: a local Hugging Face checkpoint directory. The params are in
+  ``model.dtype`` (the master copy); ``model.compute_dtype`` goes into the ``ModelConfig``, and
+  every forward pass runs on ``model.compute_params`` of them (``rlvr_jax.model.precision``).
   """
   m = c.model
   if m.source == "tiny":
@@ -30,14 +32,16 @@ def build_model(c, *, vocab_size: int | None = None, eos_id: int | None = None, 
       eos_token_ids=(eos_id,),
       pad_token_id=pad_id,
       dtype=m.dtype,
+      compute_dtype=m.compute_dtype,
       remat=m.remat,
     )
     return model.init_params(cfg, jax.random.key(c.seed)), cfg, None
   if m.source == "smollm2":
     params, cfg, tok = model.load_smollm2(dtype=m.dtype)
-    return params, cfg.replace(remat=m.remat), tok
+    return params, cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype), tok
   params, cfg = model.load_hf(m.path, dtype=m.dtype)
-  return params, cfg.replace(remat=m.remat), model.Tokenizer.from_pretrained(m.path)
+  cfg = cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype)
+  return params, cfg, model.Tokenizer.from_pretrained(m.path)
 
 
 def build_tokenizer_and_model(c):

@@ -24,6 +24,7 @@ from rlvr_jax.train import auxiliary_loss, implicit_prm, methods, model_rewards,
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
 DATA_SOURCES = ("task", "files", "reasoning_gym", "humaneval")
+DTYPES = ("float32", "bfloat16")  # model.dtype, model.compute_dtype (rlvr_jax.model.precision)
 
 
 class ConfigError(ValueError):
@@ -99,6 +100,7 @@ def base_config() -> ConfigDict:
       source="tiny",
       path="",
       dtype="float32",
+      compute_dtype="float32",  # 'bfloat16': mixed precision (float32 master weights)
       remat=False,
       hidden_size=64,
       intermediate_size=256,
@@ -288,7 +290,8 @@ def validate(c) -> None:
     c.model.source in MODEL_SOURCES, "model.source", f"{c.model.source!r} not in {MODEL_SOURCES}"
   )
   _need(c.model.source != "hf" or bool(c.model.path), "model.path", "needed for model.source='hf'")
-  _need(c.model.dtype in ("float32", "bfloat16"), "model.dtype", f"{c.model.dtype!r}")
+  _need(c.model.dtype in DTYPES, "model.dtype", f"{c.model.dtype!r}")
+  _need(c.model.compute_dtype in DTYPES, "model.compute_dtype", f"{c.model.compute_dtype!r}")
   _need(c.tokenizer.kind in ("char", "model"), "tokenizer.kind", f"{c.tokenizer.kind!r}")
   _need(
     c.model.source == "tiny" or c.tokenizer.kind == "model",
@@ -402,6 +405,7 @@ def validate(c) -> None:
   for key in ("clip_low", "clip_high"):
     if key in kw:
       _need(kw[key] >= 0, f"objective.kwargs.{key}", f"must be >= 0, got {kw[key]}")
+  _validate_mismatch(kw)
   o = c.optim
   _need(o.learning_rate > 0, "optim.learning_rate", f"must be > 0, got {o.learning_rate}")
   _need(o.schedule in ("constant", "cosine", "linear"), "optim.schedule", f"{o.schedule!r}")
@@ -431,6 +435,37 @@ def validate(c) -> None:
     "warm_start.drop_carry_prob",
     "the carry-dropping teacher only exists for the addition task (data.task.ops='+')",
   )
+
+
+# The sampler/trainer correction a run computing in bfloat16 gets unless objective.kwargs.mismatch
+# is set: truncated importance sampling, w = min(rho, 2) per token. Chosen by measurement
+# (tools/precision_gap.py, docs/design.md "Mixed precision"): on SmolLM2 every token's rho was in
+# [0.78, 1.28], so the cap never binds and w is the plain per-token correction for the bfloat16
+# sampler, while sequence-level ratios already reached exp(+-0.61) at 64 tokens.
+BF16_MISMATCH = {"mismatch": "token_truncate", "mismatch_high": 2.0}
+
+
+def mismatch_defaults(c) -> dict:
+  """``BF16_MISMATCH`` when the run computes in bfloat16 (``model.dtype`` or
+  ``model.compute_dtype``), else {}; explicit ``objective.kwargs.mismatch*`` values win."""
+  return dict(BF16_MISMATCH) if "bfloat16" in (c.model.dtype, c.model.compute_dtype) else {}
+
+
+def _validate_mismatch(kw: dict) -> None:
+  """The sampler/trainer mismatch correction (``objective.kwargs.mismatch*``,
+  ``losses.mismatch_weights``): a known mode and bounds 0 <= low <= high."""
+  mode = kw.get("mismatch", "none")
+  _need(mode in losses.MISMATCH_MODES, "objective.kwargs.mismatch", f"{mode!r}")
+  low, high = kw.get("mismatch_low"), kw.get("mismatch_high")
+  for key, value in (("mismatch_low", low), ("mismatch_high", high)):
+    if value is not None:
+      _need(value >= 0, f"objective.kwargs.{key}", f"must be >= 0, got {value}")
+  if low is not None and high is not None:
+    _need(
+      low <= high,
+      "objective.kwargs.mismatch_low",
+      f"{low} exceeds objective.kwargs.mismatch_high={high}",
+    )
 
 
 # --- multi-turn environments (issue 16) ------------------------------------------------------------

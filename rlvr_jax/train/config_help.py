@@ -26,7 +26,8 @@ FIELD_HELP: dict[str, str] = {
   # model
   "model.source": "where the weights come from: a from-scratch tiny model, SmolLM2, a HF folder",
   "model.path": "local Hugging Face model folder (config.json + safetensors) for source='hf'",
-  "model.dtype": "parameter and activation dtype",
+  "model.dtype": "dtype of the parameters and optimizer state; 'bfloat16' = pure bfloat16 (compute too)",
+  "model.compute_dtype": "'bfloat16': train and sample on a bfloat16 copy of float32 master weights",
   "model.remat": "recompute layer activations in the backward pass (less memory, more time)",
   "model.hidden_size": "tiny model: width D",
   "model.intermediate_size": "tiny model: MLP width F",
@@ -155,7 +156,9 @@ FIELD_HELP: dict[str, str] = {
 
 CHOICES: dict[str, tuple] = {
   "model.source": config_lib.MODEL_SOURCES,
-  "model.dtype": ("float32", "bfloat16"),
+  "model.dtype": config_lib.DTYPES,
+  "model.compute_dtype": config_lib.DTYPES,
+  "objective.kwargs.mismatch": losses.MISMATCH_MODES,
   "tokenizer.kind": ("char", "model"),
   "data.source": config_lib.DATA_SOURCES,
   "data.task.name": tuple(sorted(tasks.TASKS)),
@@ -181,7 +184,10 @@ def kwarg_help(name: str) -> str:
     obj for obj, fn in sorted(losses.OBJECTIVES.items()) if name in inspect.signature(fn).parameters
   ]
   where = ", ".join(users) if users else "all objectives (common option)"
-  return f"objective hyperparameter (unset = the objective's default); used by: {where}"
+  text = f"objective hyperparameter (unset = the objective's default); used by: {where}"
+  if name in config_lib.BF16_MISMATCH:
+    text += f"; bfloat16 runs default to {config_lib.BF16_MISMATCH[name]!r}"
+  return text
 
 
 # Leaves of one ``reward.components.<key>`` entry (train.reward_config.reward_component).

@@ -128,6 +128,8 @@ class Trainer:
       "seq_norm_constant", float(c.env.max_tokens if c.env.id else c.sampling.max_new_tokens)
     )
     kwargs.setdefault("group_size", c.sampling.num_samples)
+    for key, value in config_lib.mismatch_defaults(c).items():  # bfloat16: TIS unless set
+      kwargs.setdefault(key, value)
     objective, estimator = methods.objective(c.objective.name), methods.estimator(r.advantage)
     self.train_step = step_lib.make_train_step(
       model_config=self.model_config,
