@@ -26,7 +26,7 @@ FIELD_HELP: dict[str, str] = {
   # model
   "model.source": "where the weights come from: a from-scratch tiny model, SmolLM2, a HF folder",
   "model.path": "local Hugging Face model folder (config.json + safetensors) for source='hf'",
-  "model.dtype": "dtype of the parameters and optimizer state; 'bfloat16' = pure bfloat16 (compute too)",
+  "model.dtype": "dtype of the parameters and optimizer state; 'bfloat16' = bfloat16 everywhere, compute too",
   "model.compute_dtype": "'bfloat16': train and sample on a bfloat16 copy of float32 master weights",
   "model.remat": "recompute layer activations in the backward pass (less memory, more time)",
   "model.hidden_size": "tiny model: width D",
