@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as PS
 
 from rlvr_jax import losses, model
 from rlvr_jax.train import config as config_lib
@@ -44,7 +46,7 @@ def _batch(*, advantages: bool):
   return batch, cmask, rewards
 
 
-def _step(num_microbatches: int, *, advantages: bool):
+def _step(num_microbatches: int, *, advantages: bool, mesh=None):
   opt = optax.sgd(1.0)  # the update is minus the gradient
   step = step_lib.make_train_step(
     model_config=CFG, optimizer=opt, objective="grpo", num_microbatches=num_microbatches,
@@ -54,6 +56,10 @@ def _step(num_microbatches: int, *, advantages: bool):
   batch, cmask, rewards = _batch(advantages=advantages)
   num_tokens, num_seqs = float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
   state = init_state(jax.tree.map(jnp.copy, params), opt, jax.random.key(1))  # donated
+  if mesh is not None:  # rows split over the devices, everything else replicated
+    rows = lambda x: NamedSharding(mesh, PS("data", *([None] * (x.ndim - 1))))
+    batch = jax.tree.map(lambda x: jax.device_put(x, rows(x)), batch)
+    state = jax.device_put(state, NamedSharding(mesh, PS()))
   new, metrics = step(state, batch, num_tokens, num_seqs, jax.random.key(2))
   grads = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), params, new.params)
   return params, grads, jax.device_get(metrics), batch, cmask, rewards, num_seqs
@@ -106,6 +112,16 @@ def test_auxiliary_loss_is_invariant_to_micro_batching():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
   for k in ("laser/mse", "laser/self_reward", "laser/sign_accuracy", "loss"):
     assert m1[k] == pytest.approx(m4[k], rel=1e-5, abs=1e-7), k
+
+
+def test_auxiliary_loss_on_8_devices_equals_one_device():
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  _, g1, m1, *_ = _step(1, advantages=True)
+  _, g8, m8, *_ = _step(1, advantages=True, mesh=mesh)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g8), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  for k in ("laser/mse", "laser/self_reward", "laser/sign_accuracy", "loss"):
+    assert m1[k] == pytest.approx(m8[k], rel=1e-5, abs=1e-7), k
 
 
 @pytest.mark.slow
