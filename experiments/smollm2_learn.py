@@ -21,7 +21,10 @@ Command:
   HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
     --config=experiments/smollm2_learn.py
 
-Expected result and wall time: see docs/results.md ("SmolLM2-135M-Instruct learns arithmetic").
+Expected result (seed 0, 2026-11-25, 2-core Intel Xeon): held-out pass@1 0.152 +- 0.014 ->
+0.801 +- 0.024, greedy accuracy 0.335 -> 0.830, pass@4 0.430 -> 0.900, completions 78 -> 16
+tokens, entropy 0.86 -> 0.10; 73 min for the whole command (median RL step 65 s). Details and
+curves: docs/results.md ("SmolLM2-135M-Instruct learns arithmetic word problems").
 """
 
 import os
