@@ -40,13 +40,13 @@ def _setup(root: Path):
 def test_setup_installs_once_and_reinstalls_when_pyproject_changes(tmp_path):
   root = _checkout(tmp_path)
   out, calls = _setup(root)
-  assert "pip install -q -e .[test]" in calls and "ready" in out
+  assert "pip install -q -e .[test,bench]" in calls and "ready" in out
   out, calls = _setup(root)
   assert calls == [] and "nothing to do" in out and len(out.splitlines()) == 1
   with open(root / "pyproject.toml", "a") as f:
     f.write("\n# a new dependency\n")
   _, calls = _setup(root)
-  assert "pip install -q -e .[test]" in calls
+  assert "pip install -q -e .[test,bench]" in calls
   (root / ".venv" / ".rlvr_jax_setup_stamp").unlink()  # an interrupted install left no stamp
   _, calls = _setup(root)
-  assert "pip install -q -e .[test]" in calls
+  assert "pip install -q -e .[test,bench]" in calls
