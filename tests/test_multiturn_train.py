@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax.train import config as config_lib
-from rlvr_jax.train import loop
-from rlvr_jax.train import methods
+from rlvr_jax.train import loop, methods
 from rlvr_jax.train.multiturn import MultiTurnCollector, episode_advantages, episode_returns
 
 ALPHABET = "0123456789 :,?abcdefghijklmnopqrstuvwxyz"
