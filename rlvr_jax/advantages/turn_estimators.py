@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.advantages import turns
+from rlvr_jax.advantages import common, turns
 from rlvr_jax.advantages.registry import EstimatorSpec, register_estimator
 
 _SCOPES = ("group", "batch")
@@ -29,8 +29,7 @@ _SCOPES = ("group", "batch")
 
 def _turn_inputs(rewards, turn_rewards, turn_index, valid):
   """(G, [B, K] float32 turn rewards, [B, K] bool turn validity) after the shape checks."""
-  if jnp.ndim(rewards) != 2:
-    raise ValueError(f"rewards must be [P, G], got shape {tuple(jnp.shape(rewards))}")
+  _, row_ok = common.prepare(rewards, valid)  # [P, G] rank check; finite and marked valid
   P, G = jnp.shape(rewards)
   if jnp.ndim(turn_rewards) != 2 or jnp.shape(turn_rewards)[0] != P * G:
     raise ValueError(
@@ -40,9 +39,6 @@ def _turn_inputs(rewards, turn_rewards, turn_index, valid):
     raise ValueError(
       f"turn_index must be [B, T] with B = P * G = {P * G}, got {tuple(jnp.shape(turn_index))}"
     )
-  row_ok = jnp.isfinite(rewards)
-  if valid is not None:
-    row_ok = row_ok & jnp.asarray(valid, bool)
   turn_rewards = jnp.asarray(turn_rewards, jnp.float32)
   turn_ok = jnp.isfinite(turn_rewards) & jnp.reshape(row_ok, (P * G, 1))
   return G, turn_rewards, turn_ok
