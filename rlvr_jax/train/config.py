@@ -20,6 +20,7 @@ from ml_collections import ConfigDict, config_dict
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
 from rlvr_jax.train import auxiliary_loss, implicit_prm, methods, model_rewards, reward_config
+from rlvr_jax.train import std_filter as std_filter_lib
 
 ZERO_VARIANCE = ("keep", "mask", "refill")
 MODEL_SOURCES = ("tiny", "smollm2", "hf")
@@ -182,6 +183,7 @@ def base_config() -> ConfigDict:
       zero_variance="mask",
       max_gen_batches=4,
       group_filter=advantages.DEFAULT_GROUP_FILTER,  # advantages.GROUP_FILTERS: rejected groups
+      std_filter=std_filter_lib.std_filter_section(),  # reward-std prompt filter: train/std_filter
       advantage_kwargs=advantage_kwargs_config(),
       num_epochs=1,
       num_minibatches=1,
@@ -319,6 +321,7 @@ def validate(c) -> None:
   reward_config.validate_reward(c)  # names, import paths, kwargs: builds the reward once
   model_rewards.validate_model_reward(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
   auxiliary_loss.validate_auxiliary_loss(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
+  std_filter_lib.validate_std_filter(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
   try:  # an unknown rl.advantage is reported below, with the choices
     reads_prm = "prm_token_rewards" in methods.estimator(c.rl.advantage).reads
   except ValueError:

@@ -46,6 +46,7 @@ from rlvr_jax.train import (
   rollout,
   rundir,
   sft,
+  std_filter,
 )
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
@@ -147,6 +148,7 @@ class Trainer:
     extra = step_lib.init_extra(objective, kwargs)
     if estimator.stateful:
       extra["estimator"] = estimator.init_state(config_lib.advantage_kwargs(c))
+    extra.update(std_filter.init_std_filter_extra(c))
     if r.use_reference or c.implicit_prm.enabled:  # the PRM's token reward is relative to π_ref
       # A copy: the train step donates the state, and an alias of ``params`` inside it would be
       # donated twice (INVALID_ARGUMENT at the first update).
@@ -286,6 +288,13 @@ class Trainer:
     )
     if adv_state is not None:
       self.state = self.state.replace(extra={**self.state.extra, "estimator": adv_state})
+    if std_filter.STATE_KEY in self.state.extra:  # drop low-spread groups (rl.std_filter)
+      batch, filter_state, _ = std_filter.apply_std_filter(
+        batch, self.state.extra[std_filter.STATE_KEY], c.rl.std_filter
+      )
+      self.state = self.state.replace(
+        extra={**self.state.extra, std_filter.STATE_KEY: filter_state}
+      )
     t1 = time.perf_counter()
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
     per_mb = P // c.rl.num_minibatches
