@@ -267,3 +267,52 @@ def test_trainer_in_mixed_precision_applies_the_bf16_default_correction(tmp_path
   assert 0 < m["logp_gap/mean"] < 0.05
   assert "mismatch/weight_mean" in m and m["mismatch/weight_mean"] != 1.0
   assert m["mismatch/masked_frac"] == 0.0  # a truncation, not a mask
+
+
+def test_linear_backward_accumulates_in_float32():
+  """``layers.linear`` on bfloat16 operands: value and both gradients equal float64 math on the
+  same bfloat16 values up to one bfloat16 rounding of each result (the plain autodiff of a
+  bfloat16-result einsum would round inside its backward dots differently)."""
+  from rlvr_jax.model import layers
+
+  k1, k2, k3 = jax.random.split(jax.random.key(3), 3)
+  x = jax.random.normal(k1, (2, 5, 96)).astype(jnp.bfloat16)
+  w = (0.1 * jax.random.normal(k2, (96, 3, 8))).astype(jnp.bfloat16)
+  g = jax.random.normal(k3, (2, 5, 3, 8)).astype(jnp.bfloat16)
+  y, vjp = jax.vjp(lambda a, b: layers.linear("bsd,dnh->bsnh", a, b), x, w)
+  dx, dw = vjp(g)
+  assert y.dtype == dx.dtype == dw.dtype == jnp.bfloat16
+  x64, w64, g64 = (np.asarray(v, np.float64) for v in (x, w, g))
+  want = (
+    np.einsum("bsd,dnh->bsnh", x64, w64),
+    np.einsum("bsnh,dnh->bsd", g64, w64),
+    np.einsum("bsd,bsnh->dnh", x64, g64),
+  )
+  for got, ref in zip((y, dx, dw), want, strict=True):
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=2**-8, atol=1e-6)
+
+
+def test_mixed_train_step_weight_matmuls_take_bfloat16_operands():
+  """The speed contract of mixed precision: in the compiled train step every weight matmul (7
+  per layer, forward and both backward products) is a bfloat16 x bfloat16 dot. XLA:CPU turns a
+  dot with a bfloat16 result into a float32 dot (about 4x slower here than its bfloat16 kernel);
+  ``layers.linear`` asks for float32 results, which it keeps in bfloat16."""
+  import re
+
+  cfg = MIXED.replace(num_layers=1, remat=False)
+  params = model.init_params(cfg, jax.random.key(0))
+  opt = optax.sgd(1.0)
+  step = step_lib.make_train_step(model_config=cfg, optimizer=opt, objective="grpo")
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (4, S + T)).astype(np.int32))
+  positions = jnp.broadcast_to(jnp.arange(S + T), (4, S + T))
+  cmask = jnp.ones((4, T), bool)
+  z = jnp.zeros((4, T), jnp.float32)
+  batch = TrainBatch(tokens, positions, cmask, z + 1.0, z, z, None, {})
+  args = (init_state(params, opt, jax.random.key(1)), batch, float(4 * T), 4.0, jax.random.key(2))
+  hlo = step.func.lower(*args, **step.keywords).compile().as_text()
+  operand_types = []
+  for comp in hlo.split("\n\n"):
+    if " dot(" in comp:
+      operand_types.append(tuple(re.findall(r"%param\S* = (\w+)\[", comp)[:2]))
+  assert operand_types.count(("bf16", "bf16")) >= 7 * 3, operand_types

@@ -48,9 +48,9 @@ def logits_from_hidden(params: Params, hidden: jax.Array, config: ModelConfig) -
 def _qkv(lp: Params, x: jax.Array, cos, sin, config: ModelConfig):
   """Projections, optional bias (Qwen2) and q/k norm (Qwen3), then RoPE. x: [B, S, D]."""
   dt = x.dtype
-  q = jnp.einsum("bsd,dnh->bsnh", x, lp["wq"].astype(dt))
-  k = jnp.einsum("bsd,dkh->bskh", x, lp["wk"].astype(dt))
-  v = jnp.einsum("bsd,dkh->bskh", x, lp["wv"].astype(dt))
+  q = L.linear("bsd,dnh->bsnh", x, lp["wq"])
+  k = L.linear("bsd,dkh->bskh", x, lp["wk"])
+  v = L.linear("bsd,dkh->bskh", x, lp["wv"])
   if config.attention_bias:
     q = q + lp["bq"].astype(dt)
     k = k + lp["bk"].astype(dt)
@@ -68,7 +68,7 @@ def _block_tail(lp: Params, x: jax.Array, attn: jax.Array, config: ModelConfig) 
   # One [N * H, D] matrix, not an "nh" contraction: with the latter XLA:CPU chose to transpose
   # wo (every layer, every decode step) to match the layout it picked for attn.
   wo = lp["wo"].astype(dt).reshape(N * H, -1)
-  h = x + jnp.einsum("bsf,fd->bsd", attn.reshape(B, S, N * H), wo)
+  h = x + L.linear("bsf,fd->bsd", attn.reshape(B, S, N * H), wo)
   y = L.rms_norm(h, lp["mlp_norm"], eps=config.rms_norm_eps)
   return h + L.swiglu_mlp(
     y, lp["w_gate"].astype(dt), lp["w_up"].astype(dt), lp["w_down"].astype(dt)
