@@ -19,7 +19,14 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
-from rlvr_jax.train import auxiliary_loss, implicit_prm, methods, model_rewards, reward_config
+from rlvr_jax.train import (
+  auxiliary_loss,
+  env_config,
+  implicit_prm,
+  methods,
+  model_rewards,
+  reward_config,
+)
 from rlvr_jax.train import std_filter as std_filter_lib
 
 ZERO_VARIANCE = ("keep", "mask", "refill")
@@ -210,7 +217,7 @@ def base_config() -> ConfigDict:
   c.eval = ConfigDict(dict(every=25, num_samples=4, temperature=1.0, batch_size=256))
   c.checkpoint = ConfigDict(dict(every=25, keep=2, async_save=True, resume=True))
   c.logging = ConfigDict(dict(tensorboard=True, progress=True, plot=True))
-  c.env = env_config()  # multi-turn episodes (issue 16): active when env.id is set
+  c.env = env_config.env_section()  # multi-turn episodes (issue 16): active when env.id is set
   return c
 
 
@@ -277,9 +284,13 @@ def apply_overrides(c: ConfigDict, overrides: dict) -> ConfigDict:
   return c
 
 
+def _field_error(field: str, msg: str) -> ConfigError:
+  return ConfigError(f"config.{field}: {msg}")
+
+
 def _need(cond: bool, field: str, msg: str) -> None:
   if not cond:
-    raise ConfigError(f"config.{field}: {msg}")
+    raise _field_error(field, msg)
 
 
 # rl.fused_loss -> make_train_step(fused_loss=...): 'auto' fuses token-local objectives.
@@ -319,9 +330,9 @@ def validate(c) -> None:
   _need(c.data.num_eval >= 1, "data.num_eval", f"must be >= 1, got {c.data.num_eval}")
   _need(c.data.prompt_bucket >= 1, "data.prompt_bucket", "must be >= 1")
   reward_config.validate_reward(c)  # names, import paths, kwargs: builds the reward once
-  model_rewards.validate_model_reward(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
-  auxiliary_loss.validate_auxiliary_loss(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
-  std_filter_lib.validate_std_filter(c, lambda f, m: ConfigError(f"config.{f}: {m}"))
+  model_rewards.validate_model_reward(c, _field_error)
+  auxiliary_loss.validate_auxiliary_loss(c, _field_error)
+  std_filter_lib.validate_std_filter(c, _field_error)
   try:  # an unknown rl.advantage is reported below, with the choices
     reads_prm = "prm_token_rewards" in methods.estimator(c.rl.advantage).reads
   except ValueError:
@@ -427,7 +438,7 @@ def validate(c) -> None:
   )
   _need(0.0 <= w.drop_carry_prob <= 1.0, "warm_start.drop_carry_prob", "must be in [0, 1]")
   if c.get("env") is not None and c.env.id:
-    validate_env(c)
+    env_config.validate_env(c, _field_error)
   _need(
     w.num_steps == 0 or c.data.source != "humaneval",
     "warm_start.num_steps",
@@ -469,80 +480,3 @@ def _validate_mismatch(kw: dict) -> None:
       "objective.kwargs.mismatch_low",
       f"{low} exceeds objective.kwargs.mismatch_high={high}",
     )
-
-
-# --- multi-turn environments (issue 16) ------------------------------------------------------------
-ENV_RETURNS = ("final", "sum", "discounted")
-ENV_RENDERERS = ("auto", "plain", "chat")
-
-
-def env_config() -> ConfigDict:
-  """The ``env`` block: multi-turn episodes instead of single-turn prompts when ``id`` is set.
-
-  id: ``gem:<id>``, ``package.module:Name`` or a built-in (``envs.BUILTINS``); kwargs: its
-  constructor arguments; tools: ``ToolEnv`` tool names. max_turns / max_tokens (context after the
-  prompt) / turn_tokens (per turn) bound an episode; stop_strings end a turn besides EOS.
-  Credit is ``rl.advantage``: a sequence estimator runs on the episode return (``return_mode``
-  final / sum / discounted with ``gamma``), a turn estimator (one that reads ``turn_rewards``)
-  on each turn's reward and gives each turn's tokens their own advantage. teacher:
-  ``module:function`` making a policy for the warm-start demonstrations (``warm_start.num_steps``
-  batches of episodes).
-  """
-  return ConfigDict(
-    dict(
-      id="",
-      kwargs=ConfigDict(),
-      tools=(),
-      max_turns=5,
-      max_tokens=64,
-      turn_tokens=8,
-      stop_strings=(),
-      renderer="auto",
-      plain_template="\n{obs}\n",
-      return_mode="final",
-      gamma=1.0,
-      num_workers=2,
-      step_timeout_s=10.0,
-      reset_timeout_s=60.0,
-      chunk_steps=8,
-      seed=0,
-      num_eval=64,
-      teacher="",
-      teacher_kwargs=ConfigDict(),
-    )
-  )
-
-
-def validate_env(c) -> None:
-  """The ``env`` block (only when ``env.id`` is set); an unknown id names the closest choices."""
-  from rlvr_jax import envs  # plain Python, no jax
-
-  e = c.env
-  try:
-    envs.check_spec(envs.EnvSpec(e.id, dict(e.kwargs), tools=tuple(e.tools)))
-  except envs.EnvConfigError as err:
-    raise ConfigError(f"config.env.id: {err}") from None
-  _need(e.return_mode in ENV_RETURNS, "env.return_mode", f"{e.return_mode!r} not in {ENV_RETURNS}")
-  _need(e.renderer in ENV_RENDERERS, "env.renderer", f"{e.renderer!r} not in {ENV_RENDERERS}")
-  _need(e.max_turns >= 1, "env.max_turns", "must be >= 1")
-  _need(e.turn_tokens >= 1, "env.turn_tokens", "must be >= 1")
-  _need(e.max_tokens >= e.turn_tokens, "env.max_tokens", "must be >= env.turn_tokens")
-  _need(0.0 < e.gamma <= 1.0, "env.gamma", f"must be in (0, 1], got {e.gamma}")
-  _need(e.num_workers >= 1, "env.num_workers", "must be >= 1")
-  _need(e.step_timeout_s > 0 and e.reset_timeout_s > 0, "env.step_timeout_s", "must be > 0")
-  _need(e.chunk_steps >= 1, "env.chunk_steps", "must be >= 1")
-  _need(e.num_eval >= 1, "env.num_eval", "must be >= 1")
-  fits = sorted(n for n, spec in advantages.ESTIMATORS.items() if _fits_episodes(spec))
-  _need(
-    _fits_episodes(methods.estimator(c.rl.advantage)),
-    "rl.advantage",
-    f"multi-turn episodes take a stateless estimator without extra outputs that reads only "
-    f"{sorted(methods.EPISODE_READS)} ({', '.join(fits)}); got {c.rl.advantage!r}",
-  )
-  _need(c.rl.zero_variance != "refill", "rl.zero_variance", "'refill' is single-turn only")
-
-
-def _fits_episodes(spec) -> bool:
-  """An estimator the episode collector can run: its reads are what episodes give (returns,
-  action mask, turn rewards, turn index), no extra outputs, no state."""
-  return set(spec.reads) <= methods.EPISODE_READS and not spec.outputs and spec.init_state is None

@@ -17,7 +17,7 @@ import inspect
 from rlvr_jax import advantages, losses
 from rlvr_jax.data import tasks
 from rlvr_jax.train import config as config_lib
-from rlvr_jax.train import model_rewards
+from rlvr_jax.train import env_config, model_rewards
 
 FIELD_HELP: dict[str, str] = {
   "seed": "run seed: model initialisation, sampling and shuffling keys",
@@ -177,8 +177,8 @@ CHOICES: dict[str, tuple] = {
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
   "objective.name": tuple(sorted(losses.OBJECTIVES)),
   "optim.schedule": ("constant", "cosine", "linear"),
-  "env.return_mode": config_lib.ENV_RETURNS,
-  "env.renderer": config_lib.ENV_RENDERERS,
+  "env.return_mode": env_config.ENV_RETURNS,
+  "env.renderer": env_config.ENV_RENDERERS,
 }
 
 
