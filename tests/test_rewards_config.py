@@ -16,7 +16,7 @@ from rlvr_jax.train import config as config_lib
 from rlvr_jax.train.config import ConfigError
 from rlvr_jax.train.loop import train
 from rlvr_jax.train.reward_config import reward_component
-from rlvr_jax.train.rollout import merge_reward_metrics, reward_fields
+from rlvr_jax.train.reward_results import merge_reward_metrics, reward_fields
 
 THIS = __name__  # importable by path in-process and in the workers (tests/ is on sys.path)
 

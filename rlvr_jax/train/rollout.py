@@ -27,10 +27,8 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
-import logging
 import time
 
 import jax
@@ -42,12 +40,10 @@ from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
 from rlvr_jax.train import config as config_lib
-from rlvr_jax.train import methods, reward_config
+from rlvr_jax.train import methods, reward_results
 from rlvr_jax.train import model_rewards as model_rewards_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
-
-_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -208,7 +204,7 @@ class Collector:
     # Every row's text (the host loop may use them, e.g. for answer ids): decoding is cheap.
     completions = self.tokenizer.decode_batch(tokens, cmask)
     rows = slice(g0 * num_samples, g1 * num_samples)
-    fields = reward_fields(records, num_samples, self.c.reward.example_fields)
+    fields = reward_results.reward_fields(records, num_samples, self.c.reward.example_fields)
     prompts = [t for t in texts for _ in range(num_samples)]
     future = self.runtime.submit(
       self.reward_fn,
@@ -287,7 +283,7 @@ class Collector:
       result = future.result()
       metrics["time/reward"] += time.perf_counter() - t1
       reward_metrics.append(result.metrics)
-      log_reward_failures(result)
+      reward_results.log_reward_failures(result)
       host = jax.tree.map(np.asarray, rollout)
       scores = {k: np.asarray(v) for k, v in scores.items()}
       rewards = result.rewards.reshape(P, G_gen)
@@ -382,7 +378,7 @@ class Collector:
         "advantage/abs_mean": float(np.abs(adv).mean()),
       }
     )
-    metrics.update(merge_reward_metrics(reward_metrics, exclude=metrics))
+    metrics.update(reward_results.merge_reward_metrics(reward_metrics, exclude=metrics))
     batch = RolloutBatch(
       prompt_tokens=prompt_tokens,
       prompt_mask=prompt_mask,
@@ -447,72 +443,6 @@ def _row_inputs(result, reads, num_rows: int) -> dict:
       )
     out["token_rewards"] = np.asarray(result.token_rewards, np.float32).reshape(num_rows, -1)
   return out
-
-
-def reward_fields(records, num_samples: int, example_fields=()) -> dict:
-  """Per-row example fields for the reward: ``answer``, and the other
-  ``reward_config.PASSED_FIELDS`` when the records have them (countdown's numbers / target,
-  code tests, reasoning-gym's {task, config, entry}, HumanEval's code_prefix / entry_point), plus
-  ``reward.example_fields`` (which every record must have)."""
-  fields = {"answer": [r["answer"] for r in records for _ in range(num_samples)]}
-  for extra in (*reward_config.PASSED_FIELDS[1:], *example_fields):
-    if records and (extra in records[0] or extra in example_fields):
-      missing = [i for i, r in enumerate(records) if extra not in r]
-      if missing:
-        raise ValueError(
-          f"reward field {extra!r} is missing from {len(missing)} record(s) (first: batch row "
-          f"{missing[0]}, fields {sorted(records[missing[0]])}); see config.reward.example_fields"
-        )
-      fields[extra] = [r[extra] for r in records for _ in range(num_samples)]
-  return fields
-
-
-# Counts are summed over the generation rounds of a step; everything else is averaged.
-_SUMMED = ("/failures", "/fail/", "worker_restarts")
-# Order statistics of one runtime call: neither an average over generation rounds nor one over
-# processes is the batch's value (the collector logs its own mean over the whole batch).
-_PER_CALL = ("reward/std", "reward/min", "reward/max")
-
-
-def merge_reward_metrics(reward_metrics: list[dict], *, exclude=()) -> dict:
-  """The ``reward/...`` metrics of the runtime and the reward (per-component
-  ``reward/<name>/mean`` and ``reward/<name>/failures``, ``reward/fail/<cause>``, times) over
-  the generation rounds of one step: counts summed, the rest averaged over the rounds (all
-  generated rows, so with ``zero_variance='refill'`` also the dropped groups). Keys in
-  ``exclude`` (the collector's own ``reward/mean`` over the kept groups, ...) are left out.
-  A reward's own metrics without the ``reward/`` prefix (a component's ``<name>/<key>``, the
-  label-free collapse monitor) are logged under ``reward/``."""
-  out = {}
-  named = [
-    {(k if k.startswith("reward/") else f"reward/{k}"): v for k, v in m.items()}
-    for m in reward_metrics
-  ]
-  reward_metrics = named
-  keys = {k for m in reward_metrics for k in m if k not in exclude and k not in _PER_CALL}
-  for key in sorted(keys):
-    vals = np.array([m[key] for m in reward_metrics if key in m], np.float64)
-    if any(tag in key for tag in _SUMMED):
-      out[key] = float(vals.sum())
-    else:
-      finite = vals[np.isfinite(vals)]
-      out[key] = float(finite.mean()) if finite.size else float("nan")
-  return out
-
-
-def log_reward_failures(result, limit: int = 3) -> None:
-  """One warning per batch with failed reward items: counts by cause and the first messages
-  (the rows stay NaN and are excluded from advantages; the counts are also in the metrics)."""
-  if not result.failures:
-    return
-  causes = collections.Counter(f.cause for f in result.failures)
-  first = "; ".join(f"row {f.index}: {f.cause}: {f.message}" for f in result.failures[:limit])
-  _log.warning(
-    "%d of %d reward items failed (%s); %s",
-    len(result.failures),
-    result.rewards.shape[0],
-    ", ".join(f"{k}={v}" for k, v in sorted(causes.items())),
-    first,
-  )
 
 
 def answer_ids(groups) -> np.ndarray:
