@@ -63,16 +63,14 @@ def _qkv(lp: Params, x: jax.Array, cos, sin, config: ModelConfig):
 
 def _block_tail(lp: Params, x: jax.Array, attn: jax.Array, config: ModelConfig) -> jax.Array:
   """Output projection + residual, then the MLP sub-block. attn: [B, S, N, H]."""
-  dt = x.dtype
   B, S, N, H = attn.shape
   # One [N * H, D] matrix, not an "nh" contraction: with the latter XLA:CPU chose to transpose
-  # wo (every layer, every decode step) to match the layout it picked for attn.
-  wo = lp["wo"].astype(dt).reshape(N * H, -1)
+  # wo (every layer, every decode step) to match the layout it picked for attn. L.linear casts
+  # the weights to the activations' dtype.
+  wo = lp["wo"].reshape(N * H, -1)
   h = x + L.linear("bsf,fd->bsd", attn.reshape(B, S, N * H), wo)
   y = L.rms_norm(h, lp["mlp_norm"], eps=config.rms_norm_eps)
-  return h + L.swiglu_mlp(
-    y, lp["w_gate"].astype(dt), lp["w_up"].astype(dt), lp["w_down"].astype(dt)
-  )
+  return h + L.swiglu_mlp(y, lp["w_gate"], lp["w_up"], lp["w_down"])
 
 
 def layer_params(params: Params, config: ModelConfig) -> tuple[Params, ...]:
