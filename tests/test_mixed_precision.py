@@ -294,22 +294,17 @@ def test_linear_backward_accumulates_in_float32():
 
 def test_mixed_train_step_weight_matmuls_take_bfloat16_operands():
   """The speed contract of mixed precision: in the compiled train step every weight matmul (7
-  per layer, forward and both backward products) is a bfloat16 x bfloat16 dot. XLA:CPU turns a
+  per layer, forward and both backward products; the layers are one scan body) is a bfloat16 x
+  bfloat16 dot. XLA:CPU turns a
   dot with a bfloat16 result into a float32 dot (about 4x slower here than its bfloat16 kernel);
   ``layers.linear`` asks for float32 results, which it keeps in bfloat16."""
   import re
 
-  cfg = MIXED.replace(num_layers=1, remat=False)
-  params = model.init_params(cfg, jax.random.key(0))
-  opt = optax.sgd(1.0)
-  step = step_lib.make_train_step(model_config=cfg, optimizer=opt, objective="grpo")
-  rng = np.random.default_rng(0)
-  tokens = jnp.asarray(rng.integers(3, cfg.vocab_size, (4, S + T)).astype(np.int32))
-  positions = jnp.broadcast_to(jnp.arange(S + T), (4, S + T))
-  cmask = jnp.ones((4, T), bool)
-  z = jnp.zeros((4, T), jnp.float32)
-  batch = TrainBatch(tokens, positions, cmask, z + 1.0, z, z, None, {})
-  args = (init_state(params, opt, jax.random.key(1)), batch, float(4 * T), 4.0, jax.random.key(2))
+  opt = OPTIMIZERS["sgd"]
+  step = step_lib.make_train_step(model_config=MIXED, optimizer=opt, objective="grpo")
+  batch, num_tokens, num_seqs = _batch(_rollout(MIXED))
+  state = init_state(_params(), opt, jax.random.key(1))
+  args = (state, batch, num_tokens, num_seqs, jax.random.key(2))
   hlo = step.func.lower(*args, **step.keywords).compile().as_text()
   operand_types = []
   for comp in hlo.split("\n\n"):

@@ -289,7 +289,7 @@ class Trainer:
     if adv_state is not None:
       self.state = self.state.replace(extra={**self.state.extra, "estimator": adv_state})
     if std_filter.STATE_KEY in self.state.extra:  # drop low-spread groups (rl.std_filter)
-      batch, filter_state, _ = std_filter.apply_std_filter(
+      batch, filter_state = std_filter.apply_std_filter(
         batch, self.state.extra[std_filter.STATE_KEY], c.rl.std_filter
       )
       self.state = self.state.replace(

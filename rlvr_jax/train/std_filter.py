@@ -62,8 +62,9 @@ def _keep(rewards, valid, state, beta, decay, start_step):
 
 
 def apply_std_filter(batch, state, cfg):
-  """(batch with the dropped groups' rows masked, new filter state, metrics) for one rollout
-  batch (``rollout.RolloutBatch``: rewards [P, G], NaN = failed; completion_mask [P * G, T])."""
+  """(batch with the dropped groups' rows masked and the filter's ``groups/std_filter_*`` metrics
+  added, new filter state) for one rollout batch (``rollout.RolloutBatch``: rewards [P, G], NaN =
+  failed; completion_mask [P * G, T])."""
   rewards = np.asarray(batch.rewards, np.float32)
   P, G = rewards.shape
   keep, state, metrics = _keep(
@@ -74,5 +75,4 @@ def apply_std_filter(batch, state, cfg):
   mask = np.asarray(batch.completion_mask) & np.repeat(keep, G)[:, None]
   out = {k.replace("std_filter/", "groups/std_filter_"): float(v) for k, v in metrics.items()}
   out["groups/std_filter_dropped"] = float(P - keep.sum())
-  batch = dataclasses.replace(batch, completion_mask=mask, metrics={**batch.metrics, **out})
-  return batch, state, out
+  return dataclasses.replace(batch, completion_mask=mask, metrics={**batch.metrics, **out}), state
