@@ -1,0 +1,23 @@
+"""``experiments/smollm2_live_clip.py`` with DAPO's clip-higher: the PPO ratio is clipped to
+[1 - 0.2, 1 + 0.28] instead of [0.8, 1.2], everything else equal (seed, prompts, four updates per
+rollout batch at lr 1e-5, bfloat16 compute). DAPO's claim: the higher upper bound lets
+low-probability tokens with positive advantage grow, so the policy's entropy does not collapse the
+way it does under the symmetric clip.
+
+Command:
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
+    --config=experiments/smollm2_live_clip_higher.py
+
+Expected result and wall time: see docs/results.md ("Clip-higher against the symmetric clip").
+"""
+
+import os
+
+from rlvr_jax import cli
+
+
+def get_config():
+  c = cli.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_live_clip.py"))
+  c.workdir = "runs/smollm2_live_clip_higher"
+  c.objective.kwargs.clip_high = 0.28
+  return c
