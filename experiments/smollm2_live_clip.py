@@ -29,4 +29,5 @@ def get_config():
   c.rl.num_minibatches = 4
   c.rl.num_microbatches = 1
   c.optim.learning_rate = 1e-5
+  c.rl.num_steps = 40  # four updates per batch: 160 updates, more than the 120 of the first pair
   return c
