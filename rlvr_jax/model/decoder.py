@@ -188,12 +188,24 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   return x, tuple(new_k), tuple(new_v), (jnp.stack(seen) if collect else None)
 
 
+def _without_layers(params: Params) -> Params:
+  return {k: v for k, v in params.items() if k != "layers"}
+
+
 def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool, fill=None):
   """The decoder. ``fill`` = (max_len, dtype): run without a cache and return a fresh one holding
   the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path). Runs on
-  ``compute_params(params)``: a no-op unless float32 params meet a bfloat16 compute dtype."""
+  ``compute_params(params)`` (a no-op unless float32 params meet a bfloat16 compute dtype); on
+  the scan path the layers' weights are cast inside the scan body, by ``L.linear``."""
   _check_inputs(params, tokens, positions, config, cache)
-  params = compute_params(params, config)
+  if cache is None:
+    # The scan path keeps the layers' weights as they are: ``L.linear`` casts each layer's inside
+    # the scan body. Cast here, the stacked bfloat16 copy and its stacked gradient cost a
+    # read-modify-write of the whole [L, ...] buffer per layer on XLA:CPU, which performs a
+    # bfloat16 dynamic-update-slice on a float32 copy (docs/benchmarks.md).
+    params = dict(compute_params(_without_layers(params), config), layers=params["layers"])
+  else:
+    params = compute_params(params, config)
   dtype = jnp.dtype(config.activation_dtype)
   tokens = tokens.astype(jnp.int32)
   positions = positions.astype(jnp.int32)

@@ -19,41 +19,44 @@ from rlvr_jax.model.config import ModelConfig
 def linear(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
   """``einsum(spec, x, w)`` for a weight matmul, in the dtype of ``x``.
 
-  float32 operands: the plain einsum. Otherwise (bfloat16 compute): the contraction accumulates in
-  float32 and is rounded once, and so do the two of its backward pass (``dx = g w^T``,
-  ``dw = x^T g``, bfloat16 operands), through a custom VJP. Besides the accuracy, it is the fast
-  path: XLA:CPU runs a bfloat16 dot with a float32 result on the CPU's bfloat16 units (AMX /
-  AVX512-BF16; 3-5x float32 at this model's shapes, measured in docs/benchmarks.md) but a dot with
-  a bfloat16 result at about the float32 speed, and plain autodiff of a float32-result dot would
-  put a float32 cotangent into the backward dots. Every index of each operand must appear in the
-  other operand or the output (true of the projections: "bsd,dnh->bsnh", "bsf,fd->bsd").
+  float32 operands: the plain einsum. Otherwise (bfloat16 compute): ``w`` is cast to the dtype of
+  ``x`` here, the contraction accumulates in float32 and is rounded once, and so do the two of its
+  backward pass (``dx = g w^T``, ``dw = x^T g``, bfloat16 operands), through a custom VJP; ``dw`` is
+  returned in the dtype ``w`` came in, unrounded for float32 master weights. Besides the accuracy,
+  it is the fast path: XLA:CPU runs a bfloat16 dot with a float32 result on the CPU's bfloat16
+  units (AMX / AVX512-BF16; 3-5x float32 at this model's shapes, measured in docs/benchmarks.md)
+  but a dot with a bfloat16 result at about the float32 speed, and plain autodiff of a
+  float32-result dot would put a float32 cotangent into the backward dots. Every index of each
+  operand must appear in the other operand or the output (true of the projections:
+  "bsd,dnh->bsnh", "bsf,fd->bsd").
   """
   if x.dtype == jnp.float32 and w.dtype == jnp.float32:
     return jnp.einsum(spec, x, w)
-  return _linear_lowp(spec, x, w.astype(x.dtype))
+  return _linear_lowp(spec, jnp.dtype(w.dtype).name, x, w)
 
 
 def _einsum_round(spec, a, b, dtype):
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _linear_lowp(spec, x, w):
-  return _einsum_round(spec, x, w, x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _linear_lowp(spec, w_dtype, x, w):
+  return _einsum_round(spec, x, w.astype(x.dtype), x.dtype)
 
 
-def _linear_lowp_fwd(spec, x, w):
+def _linear_lowp_fwd(spec, w_dtype, x, w):
+  w = w.astype(x.dtype)
   return _einsum_round(spec, x, w, x.dtype), (x, w)
 
 
-def _linear_lowp_bwd(spec, res, g):
+def _linear_lowp_bwd(spec, w_dtype, res, g):
   x, w = res
   ins, out = spec.split("->")
   xs, ws = ins.split(",")
   g = g.astype(x.dtype)
   return (
     _einsum_round(f"{out},{ws}->{xs}", g, w, x.dtype),
-    _einsum_round(f"{xs},{out}->{ws}", x, g, w.dtype),
+    _einsum_round(f"{xs},{out}->{ws}", x, g, w_dtype),
   )
 
 
