@@ -108,7 +108,7 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
   num_tiles, chunk, _ = h.shape
   vocab_size = w.shape[1]
   vblock = min(vocab_size, tiles.DEFAULT_VOCAB_CHUNK_SIZE)
-  w_t = tiles.transposed_unembed(w)
+  w_t = tiles.transposed(w)
 
   def tile_cotangents(logp_all, ent_all):
     _, vjp = jax.vjp(lambda lp, ent: loss_fn(lp, ent, *consts), logp_all, ent_all)
@@ -116,7 +116,7 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
 
   def one_tile(carry, xs):
     dw, logp_all, ent_all = carry
-    k, h_c, y_c = xs
+    k, h_c, h_t, y_c = xs
     logp_c, lse_c, ent_c, zs = _tile_forward(h_c, w, y_c, inv_tau, want_entropy, True)
     start = k * chunk
     logp_all = jax.lax.dynamic_update_slice_in_dim(logp_all, logp_c, start, 0)
@@ -132,7 +132,7 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
     dw, dh_c = jax.lax.cond(
       jnp.any(g_logp != 0) | jnp.any(g_ent != 0),
       lambda dw: tiles.backward_tile(
-        dw, h_c, w, w_t, y_c, lse_c, ent_c, cotangents, inv_tau, vblock, zs
+        dw, h_c, h_t, w, w_t, y_c, lse_c, ent_c, cotangents, inv_tau, vblock, zs
       ),
       lambda dw: (dw, jnp.zeros_like(h_c)),
       dw,
@@ -140,7 +140,7 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
     return (dw, logp_all, ent_all), (logp_c, ent_c, dh_c)
 
   init = (tiles.zero_dw(w, vblock), fill, jnp.zeros_like(fill))
-  xs = (jnp.arange(num_tiles), h, y)
+  xs = (jnp.arange(num_tiles), h, tiles.transposed(h), y)
   (dw, logp_all, ent_all), (logp, entropy, dh) = jax.lax.scan(one_tile, init, xs)
   loss = loss_fn(logp_all, ent_all, *consts)
   residuals = (dh, tiles.joined_dw(dw).astype(w.dtype), y, inv_tau, fill, consts)

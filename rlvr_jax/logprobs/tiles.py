@@ -181,26 +181,28 @@ def joined_dw(dw):
   return jnp.concatenate(dw, axis=1)
 
 
-def transposed_unembed(w):
-  """``w.T`` [V, D] for ``backward_tile``: the caller computes it once, outside its loop over
-  token tiles (where XLA cannot fold the transpose back into the products)."""
-  return jnp.transpose(w)
+def transposed(x):
+  """``x`` with its last two axes swapped, for ``backward_tile``: computed once, outside the
+  caller's loop over token tiles, where XLA cannot fold the transpose back into the products."""
+  return jnp.swapaxes(x, -1, -2)
 
 
-def backward_tile(dw, h_c, w, w_t, y_c, lse, entropy, cotangents, inv_tau, vblock, zs=None):
+def backward_tile(dw, h_c, h_t, w, w_t, y_c, lse, entropy, cotangents, inv_tau, vblock, zs=None):
   """Adds one token tile's gradient to dw (``zero_dw``'s per-block float32 accumulators) and
   returns (dw, dh_c [C, D]).
 
-  w_t: ``transposed_unembed(w)``. cotangents: (g_logp, g_entropy, g_mu), each [C]. zs: the tile's
+  h_t, w_t: the tile h_c [C, D] and ``w`` transposed, materialised by the caller outside its loop
+  over tiles (``transposed``). cotangents: (g_logp, g_entropy, g_mu), each [C]. zs: the tile's
   logits blocks when kept (fused path, ``forward_tile``), else None and each block is recomputed
   from (h_c, w).
 
-  Both products are plain [M, K] x [K, N] matmuls: dh_c = dz W_bᵀ reads rows of w_t, and
-  dW_b = h_cᵀ dz uses h_cᵀ transposed once per tile. With bfloat16 operands XLA:CPU runs only that
-  form on the bfloat16 units: with a transposed operand it upcast both operands to float32."""
+  Both products are plain [M, K] x [K, N] matmuls: dh_c = dz W_bᵀ reads rows of w_t, dW_b = h_cᵀ dz
+  reads h_t. With bfloat16 operands XLA:CPU runs only that form on the bfloat16 units: given a
+  transposed operand (or a transpose it can fold into the product) it upcasts both operands to
+  float32."""
   vocab_size = w.shape[1]
   g_logp, g_entropy, g_mu = cotangents
-  h_t = h_c.T.astype(w.dtype)  # [D, C]
+  h_t = h_t.astype(w.dtype)
   blocks = vocab_blocks(vocab_size, vblock)
   dh_c = jnp.zeros(h_c.shape, jnp.float32)
   new_dw = []

@@ -103,12 +103,12 @@ def _hidden_stats_bwd(vblock, want_entropy, want_mean, residuals, cotangents):
     g_mu = jnp.zeros_like(g_logp)
 
   def one_chunk(dw, args):
-    h_c, y_c, lse_c, ent_c, gl_c, ge_c, gm_c = args
+    h_c, h_t, y_c, lse_c, ent_c, gl_c, ge_c, gm_c = args
     cotangents = (gl_c, ge_c, gm_c)
-    return tiles.backward_tile(dw, h_c, w, w_t, y_c, lse_c, ent_c, cotangents, inv_tau, vblock)
+    return tiles.backward_tile(dw, h_c, h_t, w, w_t, y_c, lse_c, ent_c, cotangents, inv_tau, vblock)
 
-  w_t = tiles.transposed_unembed(w)
-  xs = (h, y, lse, entropy, g_logp, g_entropy, g_mu)
+  w_t = tiles.transposed(w)
+  xs = (h, tiles.transposed(h), y, lse, entropy, g_logp, g_entropy, g_mu)
   dw, dh = jax.lax.scan(one_chunk, tiles.zero_dw(w, vblock), xs)
   return dh, tiles.joined_dw(dw).astype(w.dtype), None, jnp.zeros_like(inv_tau)
 
