@@ -312,10 +312,15 @@ def _temp_bytes(fn, *args):
 
 
 def test_compiled_memory_is_far_below_full_logits():
-  n, d, v = 2048, 16, 8192
-  hidden = jax.ShapeDtypeStruct((1, n, d), jnp.float32)
+  d, v = 16, 8192
   unembed = jax.ShapeDtypeStruct((d, v), jnp.float32)
-  tokens = jax.ShapeDtypeStruct((1, n), jnp.int32)
+
+  def shapes(n):
+    return (
+      jax.ShapeDtypeStruct((1, n, d), jnp.float32),
+      unembed,
+      jax.ShapeDtypeStruct((1, n), jnp.int32),
+    )
 
   def chunked(h, w, y):
     def loss(h, w):
@@ -331,9 +336,13 @@ def test_compiled_memory_is_far_below_full_logits():
 
     return jax.value_and_grad(loss, argnums=(0, 1))(h, w)
 
+  n = 2048
   full = n * v * 4  # 64 MiB
-  chunked_bytes = _temp_bytes(chunked, hidden, unembed, tokens)
-  naive_bytes = _temp_bytes(naive, hidden, unembed, tokens)
+  chunked_bytes = _temp_bytes(chunked, *shapes(n))
+  naive_bytes = _temp_bytes(naive, *shapes(n))
   assert naive_bytes >= full  # the measure sees the [N, V] buffers when they exist
-  # A few [128, 1024] float32 blocks plus the [D, V] float32 accumulator: ~1/30 of the full array.
-  assert chunked_bytes < full / 16, (chunked_bytes, full)
+  # A few [C, V] float32 tiles (C = 128; XLA:CPU does not reuse the buffers of the unrolled
+  # vocabulary blocks) plus the [D, V] float32 accumulator: 1/8 of the full array here, and
+  # independent of N.
+  assert chunked_bytes < full / 6, (chunked_bytes, full)
+  assert _temp_bytes(chunked, *shapes(4 * n)) < 1.1 * chunked_bytes

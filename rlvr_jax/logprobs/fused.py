@@ -78,14 +78,10 @@ def min_p_proxy_from_hidden(hidden, unembed, tokens, *, min_p, temperature, chun
     online, zs = tiles.forward_tile(h_c, w, y_c, inv_tau, vblock, False, keep_logits=True)
     floor = online.m + log_kappa  # kept: z >= max z + log kappa
 
-    def kept_sum(total, xs):
-      (index, start), z = xs
-      _, fresh = tiles.block_columns(index, start, vblock)
-      keep = fresh & (z >= floor[:, None])
-      return total + jnp.sum(jnp.where(keep, jnp.exp(z - online.m[:, None]), 0.0), axis=-1), None
-
-    blocks = tiles.vocab_blocks(v, vblock)
-    s_keep, _ = jax.lax.scan(kept_sum, jnp.zeros_like(online.m), (blocks, zs))
+    s_keep = jnp.zeros_like(online.m)
+    for z in zs:
+      keep = z >= floor[:, None]
+      s_keep = s_keep + jnp.sum(jnp.where(keep, jnp.exp(z - online.m[:, None]), 0.0), axis=-1)
     lse_keep = online.m + jnp.log(s_keep)
     lse = online.m + jnp.log(online.s)
     # Filtered tokens: the reference sets their log-prob to -1e4 before renormalising.
@@ -112,6 +108,7 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
   num_tiles, chunk, _ = h.shape
   vocab_size = w.shape[1]
   vblock = min(vocab_size, tiles.DEFAULT_VOCAB_CHUNK_SIZE)
+  w_t = tiles.transposed(w)
 
   def tile_cotangents(logp_all, ent_all):
     _, vjp = jax.vjp(lambda lp, ent: loss_fn(lp, ent, *consts), logp_all, ent_all)
@@ -119,7 +116,7 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
 
   def one_tile(carry, xs):
     dw, logp_all, ent_all = carry
-    k, h_c, y_c = xs
+    k, h_c, h_t, y_c = xs
     logp_c, lse_c, ent_c, zs = _tile_forward(h_c, w, y_c, inv_tau, want_entropy, True)
     start = k * chunk
     logp_all = jax.lax.dynamic_update_slice_in_dim(logp_all, logp_c, start, 0)
@@ -135,18 +132,18 @@ def _fused_fwd(loss_fn, want_entropy, h, w, y, inv_tau, fill, consts):
     dw, dh_c = jax.lax.cond(
       jnp.any(g_logp != 0) | jnp.any(g_ent != 0),
       lambda dw: tiles.backward_tile(
-        dw, h_c, w, y_c, lse_c, ent_c, cotangents, inv_tau, vblock, zs
+        dw, h_c, h_t, w, w_t, y_c, lse_c, ent_c, cotangents, inv_tau, vblock, zs
       ),
       lambda dw: (dw, jnp.zeros_like(h_c)),
       dw,
     )
     return (dw, logp_all, ent_all), (logp_c, ent_c, dh_c)
 
-  init = (jnp.zeros(w.shape, jnp.float32), fill, jnp.zeros_like(fill))
-  xs = (jnp.arange(num_tiles), h, y)
+  init = (tiles.zero_dw(w, vblock), fill, jnp.zeros_like(fill))
+  xs = (jnp.arange(num_tiles), h, tiles.transposed(h), y)
   (dw, logp_all, ent_all), (logp, entropy, dh) = jax.lax.scan(one_tile, init, xs)
   loss = loss_fn(logp_all, ent_all, *consts)
-  residuals = (dh, dw.astype(w.dtype), y, inv_tau, fill, consts)
+  residuals = (dh, tiles.joined_dw(dw).astype(w.dtype), y, inv_tau, fill, consts)
   return (loss, logp, entropy), residuals
 
 

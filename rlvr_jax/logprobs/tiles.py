@@ -3,6 +3,12 @@
 A tile is C tokens x Vb vocabulary columns of float32 tempered logits z = h W_b / τ. Statistics over
 the whole vocabulary are folded block by block (online logsumexp); the cotangent rules are those of the
 `logprobs` module docstring.
+
+The vocabulary blocks are a static Python loop (ceil(V / Vb) of them, the last one narrower), not a
+``scan``: every block is then a static slice of the unembedding. XLA:CPU keeps a bfloat16 array
+that a loop slices dynamically as a float32 copy and converts each slice back (2.7x slower
+products at SmolLM2's [128, 576] x [576, 8192] blocks, docs/benchmarks.md), and the gradient of a
+static block is a carry of its own instead of a dynamic-update-slice of the whole [D, V] buffer.
 """
 
 from __future__ import annotations
@@ -49,20 +55,9 @@ def hidden_logits(h, w, inv_tau):
   return jnp.dot(h, w, preferred_element_type=jnp.float32) * inv_tau
 
 
-def vocab_blocks(vocab_size, block):
-  """(index, start column) of ceil(V / Vb) blocks; the last one is shifted back to fit inside V.
-
-  Columns of the shifted block that an earlier block already covered are "stale": they are
-  excluded (col < index * Vb), so every column is counted exactly once.
-  """
-  index = jnp.arange(-(-vocab_size // block))
-  return index, jnp.minimum(index * block, vocab_size - block)
-
-
-def block_columns(index, start, vblock):
-  """(cols [Vb], fresh [1, Vb]) of a block: its vocabulary ids and which of them are not stale."""
-  cols = start + jnp.arange(vblock)
-  return cols, (cols >= index * vblock)[None, :]
+def vocab_blocks(vocab_size: int, block: int) -> list[tuple[int, int]]:
+  """Static (start, stop) columns of the ceil(V / Vb) vocabulary blocks; the last may be narrower."""
+  return [(start, min(start + block, vocab_size)) for start in range(0, vocab_size, block)]
 
 
 class Online(NamedTuple):
@@ -79,18 +74,19 @@ class Online(NamedTuple):
     zeros = jnp.zeros(shape, jnp.float32)
     return cls(jnp.full(shape, -1e30, jnp.float32), zeros, zeros, zeros, zeros)
 
-  def fold(self, z, cols, fresh, y, want_entropy, want_mean):
-    """Folds in one [C, Vb] block of z (only its `fresh` columns)."""
-    new_m = jnp.maximum(self.m, jnp.max(jnp.where(fresh, z, -jnp.inf), axis=-1))
+  def fold(self, z, start, y, want_entropy, want_mean):
+    """Folds in one [C, Vb] block of z, the vocabulary columns [start, start + Vb)."""
+    new_m = jnp.maximum(self.m, jnp.max(z, axis=-1))
     scale = jnp.exp(self.m - new_m)
     shifted = z - new_m[:, None]
-    e = jnp.where(fresh, jnp.exp(shifted), 0.0)
+    e = jnp.exp(shifted)
     s = self.s * scale + jnp.sum(e, axis=-1)
     a = self.a
     if want_entropy:  # a = Σ e·(z − m), rescaled to the new running max
       a = scale * (a + (self.m - new_m) * self.s) + jnp.sum(e * shifted, axis=-1)
-    z_y = self.z_y + jnp.sum(jnp.where(fresh & (cols[None, :] == y[:, None]), z, 0.0), axis=-1)
-    z_sum = self.z_sum + jnp.sum(jnp.where(fresh, z, 0.0), axis=-1) if want_mean else self.z_sum
+    cols = start + jnp.arange(z.shape[-1])
+    z_y = self.z_y + jnp.sum(jnp.where(cols[None, :] == y[:, None], z, 0.0), axis=-1)
+    z_sum = self.z_sum + jnp.sum(z, axis=-1) if want_mean else self.z_sum
     return Online(new_m, s, a, z_y, z_sum)
 
   def finish(self, vocab_size, want_entropy, want_mean):
@@ -104,20 +100,20 @@ class Online(NamedTuple):
 
 
 def forward_tile(h_c, w, y_c, inv_tau, vblock, want_entropy, want_mean=False, keep_logits=False):
-  """Folds one token tile's logits z = h_c W / τ over all vocabulary blocks of Vb = ``vblock``.
+  """Folds one token tile's logits z = h_c W / τ over the vocabulary blocks of Vb = ``vblock``.
 
-  Returns (the ``Online`` statistics of the whole vocabulary, the blocks z [K_v, C, Vb] if
-  ``keep_logits`` else None); the last block is shifted back to fit (``vocab_blocks``)."""
-
-  def one_block(online, block):
-    index, start = block
-    z = hidden_logits(h_c, jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1), inv_tau)
-    cols, fresh = block_columns(index, start, vblock)
-    online = online.fold(z, cols, fresh, y_c, want_entropy, want_mean)
-    return online, z if keep_logits else None
-
-  blocks = vocab_blocks(w.shape[1], vblock)
-  return jax.lax.scan(one_block, Online.start(y_c.shape), blocks)
+  Returns (the ``Online`` statistics of the whole vocabulary, the blocks' z, a tuple of [C, Vb]
+  arrays, if ``keep_logits`` else None)."""
+  online = Online.start(y_c.shape)
+  zs = []
+  for start, stop in vocab_blocks(w.shape[1], vblock):
+    # One block at a time: without the barrier XLA may schedule every block's product first and
+    # hold the tile's [C, V] logits (the memory the blocks are there to avoid).
+    h_c, online = jax.lax.optimization_barrier((h_c, online))
+    z = hidden_logits(h_c, w[:, start:stop], inv_tau)
+    online = online.fold(z, start, y_c, want_entropy, want_mean)
+    zs.append(z)
+  return online, tuple(zs) if keep_logits else None
 
 
 def check_common(name, x, tokens, temperature, chunk_size):
@@ -172,31 +168,52 @@ def token_tiles(hidden, tokens, vocab_size, chunk_size):
   return h, y, n
 
 
-def backward_tile(dw, h_c, w, y_c, lse, entropy, cotangents, inv_tau, vblock, zs=None):
-  """Adds one token tile's gradient to dw [D, V] (float32, in place) and returns (dw, dh_c [C, D]).
+def zero_dw(w, vblock):
+  """The float32 gradient of ``w`` [D, V] as per-block accumulators (``backward_tile``'s dw)."""
+  return tuple(
+    jnp.zeros((w.shape[0], stop - start), jnp.float32)
+    for start, stop in vocab_blocks(w.shape[1], vblock)
+  )
 
-  cotangents: (g_logp, g_entropy, g_mu), each [C]. zs: the tile's logits blocks [K_v, C, Vb] when
-  kept (fused path), else None and each block is recomputed from (h_c, w)."""
+
+def joined_dw(dw):
+  """[D, V] from the per-block accumulators of ``zero_dw``."""
+  return jnp.concatenate(dw, axis=1)
+
+
+def transposed(x):
+  """``x`` with its last two axes swapped, for ``backward_tile``: computed once, outside the
+  caller's loop over token tiles, where XLA cannot fold the transpose back into the products."""
+  return jnp.swapaxes(x, -1, -2)
+
+
+def backward_tile(dw, h_c, h_t, w, w_t, y_c, lse, entropy, cotangents, inv_tau, vblock, zs=None):
+  """Adds one token tile's gradient to dw (``zero_dw``'s per-block float32 accumulators) and
+  returns (dw, dh_c [C, D]).
+
+  h_t, w_t: the tile h_c [C, D] and ``w`` transposed, materialised by the caller outside its loop
+  over tiles (``transposed``). cotangents: (g_logp, g_entropy, g_mu), each [C]. zs: the tile's
+  logits blocks when kept (fused path, ``forward_tile``), else None and each block is recomputed
+  from (h_c, w).
+
+  Both products are plain [M, K] x [K, N] matmuls: dh_c = dz W_bᵀ reads rows of w_t, dW_b = h_cᵀ dz
+  reads h_t. With bfloat16 operands XLA:CPU runs only that form on the bfloat16 units: given a
+  transposed operand (or a transpose it can fold into the product) it upcasts both operands to
+  float32."""
   vocab_size = w.shape[1]
   g_logp, g_entropy, g_mu = cotangents
-
-  def one_block(carry, xs):
-    dw, dh_c = carry
-    (index, start), z = xs
-    w_b = jax.lax.dynamic_slice_in_dim(w, start, vblock, axis=1)
-    if z is None:
-      z = hidden_logits(h_c, w_b, inv_tau)
-    cols, fresh = block_columns(index, start, vblock)
-    dz = chunk_dz(z, cols, y_c, lse, entropy, g_logp, g_entropy, g_mu, vocab_size)
-    dz = jnp.where(fresh, dz * inv_tau, 0.0)  # d/d(h @ w)
-    # Both products run in the inputs' dtype (bfloat16 inputs: bfloat16 operands, float32
-    # accumulation, as the forward's logits), not on float32 upcasts of h and w.
-    dh_c = dh_c + jnp.dot(dz.astype(w_b.dtype), w_b.T, preferred_element_type=jnp.float32)
-    dw_b = jax.lax.dynamic_slice_in_dim(dw, start, vblock, axis=1)
-    dw_b = dw_b + jnp.dot(h_c.T, dz.astype(h_c.dtype), preferred_element_type=jnp.float32)
-    return (jax.lax.dynamic_update_slice_in_dim(dw, dw_b, start, axis=1), dh_c), None
-
-  dh0 = jnp.zeros(h_c.shape, jnp.float32)
+  h_t = h_t.astype(w.dtype)
   blocks = vocab_blocks(vocab_size, vblock)
-  (dw, dh_c), _ = jax.lax.scan(one_block, (dw, dh0), (blocks, zs))
-  return dw, dh_c.astype(h_c.dtype)
+  dh_c = jnp.zeros(h_c.shape, jnp.float32)
+  new_dw = []
+  for i, (start, stop) in enumerate(blocks):
+    h_c, dh_c = jax.lax.optimization_barrier((h_c, dh_c))  # one block at a time (forward_tile)
+    z = hidden_logits(h_c, w[:, start:stop], inv_tau) if zs is None else zs[i]
+    cols = start + jnp.arange(stop - start)
+    dz = chunk_dz(z, cols, y_c, lse, entropy, g_logp, g_entropy, g_mu, vocab_size)
+    # d/d(h @ w); bfloat16 inputs: rounded to bfloat16, both products accumulate in float32, as
+    # the forward's logits do.
+    dz = (dz * inv_tau).astype(w.dtype)
+    dh_c = dh_c + jnp.dot(dz, w_t[start:stop], preferred_element_type=jnp.float32)
+    new_dw.append(dw[i] + jnp.dot(h_t, dz, preferred_element_type=jnp.float32))
+  return tuple(new_dw), dh_c.astype(h_c.dtype)

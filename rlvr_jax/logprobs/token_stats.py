@@ -15,7 +15,9 @@ Memory. A whole [N, V] float32 array (N = B·T flattened tokens) is never built:
 forward and the backward pass both walk over [chunk_size, vocab_chunk_size] tiles of the logits (an online
 logsumexp over vocabulary blocks), and the backward pass recomputes each tile from (hidden, unembed)
 instead of saving it. The largest buffers are a few tiles plus the [D, V] float32 gradient of the
-unembedding, accumulated in place. From logits, the [N, V] input and its [N, V] gradient (in the input
+unembedding; the memory does not grow with N. (The vocabulary blocks are unrolled, ``tiles``; XLA:CPU
+does not reuse their buffers within a token chunk, so there the peak is about two [chunk_size, V]
+float32 arrays.) From logits, the [N, V] input and its [N, V] gradient (in the input
 dtype) exist anyway; only the float32 upcast is chunked (over tokens). This is the "fused linear
 cross-entropy" idea (Liger-Kernel, arXiv 2410.10989) extended to entropy and μ; GRPO is arXiv 2402.03300.
 
@@ -101,14 +103,14 @@ def _hidden_stats_bwd(vblock, want_entropy, want_mean, residuals, cotangents):
     g_mu = jnp.zeros_like(g_logp)
 
   def one_chunk(dw, args):
-    h_c, y_c, lse_c, ent_c, gl_c, ge_c, gm_c = args
+    h_c, h_t, y_c, lse_c, ent_c, gl_c, ge_c, gm_c = args
     cotangents = (gl_c, ge_c, gm_c)
-    return tiles.backward_tile(dw, h_c, w, y_c, lse_c, ent_c, cotangents, inv_tau, vblock)
+    return tiles.backward_tile(dw, h_c, h_t, w, w_t, y_c, lse_c, ent_c, cotangents, inv_tau, vblock)
 
-  dw0 = jnp.zeros(w.shape, jnp.float32)
-  xs = (h, y, lse, entropy, g_logp, g_entropy, g_mu)
-  dw, dh = jax.lax.scan(one_chunk, dw0, xs)
-  return dh, dw.astype(w.dtype), None, jnp.zeros_like(inv_tau)
+  w_t = tiles.transposed(w)
+  xs = (h, tiles.transposed(h), y, lse, entropy, g_logp, g_entropy, g_mu)
+  dw, dh = jax.lax.scan(one_chunk, tiles.zero_dw(w, vblock), xs)
+  return dh, tiles.joined_dw(dw).astype(w.dtype), None, jnp.zeros_like(inv_tau)
 
 
 _hidden_stats.defvjp(_hidden_stats_fwd, _hidden_stats_bwd)

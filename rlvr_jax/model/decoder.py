@@ -45,6 +45,17 @@ def logits_from_hidden(params: Params, hidden: jax.Array, config: ModelConfig) -
   return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
 
+def _norm(x: jax.Array, weight: jax.Array, config: ModelConfig) -> jax.Array:
+  """RMSNorm of the float32 residual stream, rounded to the compute dtype for the matmuls.
+
+  The residual stream stays float32 in every precision mode: the sum of L layers' updates is not
+  rounded to bfloat16 at every layer, and (measured) it is faster on XLA:CPU, where the stacked
+  bfloat16 layer inputs that the scan saves for the backward pass are written by a float32
+  read-modify-write of the whole [L, B, S, D] buffer per layer (docs/benchmarks.md).
+  """
+  return L.rms_norm(x, weight, eps=config.rms_norm_eps).astype(config.activation_dtype)
+
+
 def _qkv(lp: Params, x: jax.Array, cos, sin, config: ModelConfig):
   """Projections, optional bias (Qwen2) and q/k norm (Qwen3), then RoPE. x: [B, S, D]."""
   dt = x.dtype
@@ -69,7 +80,7 @@ def _block_tail(lp: Params, x: jax.Array, attn: jax.Array, config: ModelConfig) 
   # the weights to the activations' dtype.
   wo = lp["wo"].reshape(N * H, -1)
   h = x + L.linear("bsf,fd->bsd", attn.reshape(B, S, N * H), wo)
-  y = L.rms_norm(h, lp["mlp_norm"], eps=config.rms_norm_eps)
+  y = _norm(h, lp["mlp_norm"], config)
   return h + L.swiglu_mlp(y, lp["w_gate"], lp["w_up"], lp["w_down"])
 
 
@@ -135,10 +146,10 @@ def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool, k
 
   Returns (x, per-layer inputs [L, B, S, D] or None, (keys, values) [L, B, S, K, H] or None).
   """
-  K, eps = config.num_kv_heads, config.rms_norm_eps
+  K = config.num_kv_heads
 
   def layer(x, lp):
-    q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
+    q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
     attn = L.attention(q, k, v, mask, num_kv_heads=K)
     return _block_tail(lp, x, attn, config), (x if collect else None, (k, v) if keep_kv else None)
 
@@ -170,13 +181,13 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   Each layer writes its S new keys / values at slot ``cache.index`` (in place under a donated
   cache) and attends over its whole buffer. Returns (x, new k tuple, new v tuple, inputs or None).
   """
-  K, eps = config.num_kv_heads, config.rms_norm_eps
+  K = config.num_kv_heads
   zero = jnp.zeros((), jnp.int32)
   index = cache.index
   new_k, new_v, seen = [], [], []
   for lp, ck, cv in zip(layer_params(params, config), cache.k, cache.v, strict=True):
     seen.append(x)
-    q, k, v = _qkv(lp, L.rms_norm(x, lp["attn_norm"], eps=eps), cos, sin, config)
+    q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
     # Only the S new entries are transposed into the buffer layouts, never the cache.
     k, v = to_cache_layout(k, v, ck.dtype)
     ck = jax.lax.dynamic_update_slice(ck, k, (zero,) * 3 + (index,))
@@ -188,17 +199,28 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   return x, tuple(new_k), tuple(new_v), (jnp.stack(seen) if collect else None)
 
 
+def _without_layers(params: Params) -> Params:
+  return {k: v for k, v in params.items() if k != "layers"}
+
+
 def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool, fill=None):
   """The decoder. ``fill`` = (max_len, dtype): run without a cache and return a fresh one holding
   the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path). Runs on
-  ``compute_params(params)``: a no-op unless float32 params meet a bfloat16 compute dtype."""
+  ``compute_params(params)`` (a no-op unless float32 params meet a bfloat16 compute dtype); on
+  the scan path the layers' weights are cast inside the scan body, by ``L.linear``."""
   _check_inputs(params, tokens, positions, config, cache)
-  params = compute_params(params, config)
-  dtype = jnp.dtype(config.activation_dtype)
+  if cache is None:
+    # The scan path keeps the layers' weights as they are: ``L.linear`` casts each layer's inside
+    # the scan body. Cast here, the stacked bfloat16 copy and its stacked gradient cost a
+    # read-modify-write of the whole [L, ...] buffer per layer on XLA:CPU, which performs a
+    # bfloat16 dynamic-update-slice on a float32 copy (docs/benchmarks.md).
+    params = dict(compute_params(_without_layers(params), config), layers=params["layers"])
+  else:
+    params = compute_params(params, config)
   tokens = tokens.astype(jnp.int32)
   positions = positions.astype(jnp.int32)
   B, S = tokens.shape
-  x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(dtype)
+  x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(jnp.float32)
   cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(config))
   valid = positions >= 0
   stored = jnp.where(valid, positions, -1)  # the positions a cache keeps: -1 on padding
@@ -218,7 +240,7 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
     cache = KVCache(k=cache.k, v=cache.v, positions=cache_positions, index=index)
     x, ck, cv, seen = _run_cached_layers(params, x, cos, sin, mask, config, cache, collect)
     new_cache = KVCache(k=ck, v=cv, positions=cache_positions, index=index + S)
-  out = L.rms_norm(x, params["final_norm"], eps=config.rms_norm_eps)
+  out = _norm(x, params["final_norm"], config)
   return out, new_cache, seen
 
 

@@ -19,45 +19,59 @@ from rlvr_jax.model.config import ModelConfig
 def linear(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
   """``einsum(spec, x, w)`` for a weight matmul, in the dtype of ``x``.
 
-  float32 operands: the plain einsum. Otherwise (bfloat16 compute): the contraction accumulates in
-  float32 and is rounded once, and so do the two of its backward pass (``dx = g w^T``,
-  ``dw = x^T g``, bfloat16 operands), through a custom VJP. Besides the accuracy, it is the fast
-  path: XLA:CPU runs a bfloat16 dot with a float32 result on the CPU's bfloat16 units (AMX /
-  AVX512-BF16; 3-5x float32 at this model's shapes, measured in docs/benchmarks.md) but a dot with
-  a bfloat16 result at about the float32 speed, and plain autodiff of a float32-result dot would
-  put a float32 cotangent into the backward dots. Every index of each operand must appear in the
-  other operand or the output (true of the projections: "bsd,dnh->bsnh", "bsf,fd->bsd").
+  float32 operands: the plain einsum. Otherwise (bfloat16 compute) ``lowp_einsum``: ``w`` is cast
+  to the dtype of ``x`` inside, and its gradient comes back in the dtype ``w`` came in (unrounded
+  for float32 master weights).
   """
-  if x.dtype == jnp.float32 and w.dtype == jnp.float32:
-    return jnp.einsum(spec, x, w)
-  return _linear_lowp(spec, x, w.astype(x.dtype))
+  return lowp_einsum(spec, x, w, x.dtype)
+
+
+def lowp_einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
+  """``einsum(spec, a, b)`` in ``out_dtype``, with float32 accumulation for low-precision operands.
+
+  Two float32 operands: the plain einsum (cast to ``out_dtype``). Otherwise ``b`` is cast to the
+  dtype of ``a``, the contraction accumulates in float32 and is rounded once to ``out_dtype``, and
+  the two products of its backward pass (``da = g b^T``, ``db = a^T g``) take the cotangent
+  rounded to the dtype of ``a`` and accumulate in float32 too, through a custom VJP; ``db`` is
+  returned in the dtype ``b`` came in. Besides the accuracy, it is the fast path: XLA:CPU runs a
+  bfloat16 dot with a float32 result on the CPU's bfloat16 units (AMX / AVX512-BF16; 3-5x float32
+  at this model's shapes, measured in docs/benchmarks.md) but a dot with a bfloat16 result at about
+  the float32 speed, and plain autodiff of a float32-result dot (attention scores, logits) would
+  put float32 cotangents, hence float32 x float32 dots, into the backward pass. Every index of
+  each operand must appear in the other operand or the output (true of the projections
+  "bsd,dnh->bsnh", "bsf,fd->bsd" and of attention's "bskgh,btkh->bkgst", "bkgst,btkh->bskgh").
+  """
+  if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+    return jnp.einsum(spec, a, b).astype(out_dtype)
+  return _lowp_einsum(spec, jnp.dtype(out_dtype).name, jnp.dtype(b.dtype).name, a, b)
 
 
 def _einsum_round(spec, a, b, dtype):
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _linear_lowp(spec, x, w):
-  return _einsum_round(spec, x, w, x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _lowp_einsum(spec, out_dtype, b_dtype, a, b):
+  return _einsum_round(spec, a, b.astype(a.dtype), out_dtype)
 
 
-def _linear_lowp_fwd(spec, x, w):
-  return _einsum_round(spec, x, w, x.dtype), (x, w)
+def _lowp_einsum_fwd(spec, out_dtype, b_dtype, a, b):
+  b = b.astype(a.dtype)
+  return _einsum_round(spec, a, b, out_dtype), (a, b)
 
 
-def _linear_lowp_bwd(spec, res, g):
-  x, w = res
+def _lowp_einsum_bwd(spec, out_dtype, b_dtype, res, g):
+  a, b = res
   ins, out = spec.split("->")
-  xs, ws = ins.split(",")
-  g = g.astype(x.dtype)
+  a_idx, b_idx = ins.split(",")
+  g = g.astype(a.dtype)
   return (
-    _einsum_round(f"{out},{ws}->{xs}", g, w, x.dtype),
-    _einsum_round(f"{xs},{out}->{ws}", x, g, w.dtype),
+    _einsum_round(f"{out},{b_idx}->{a_idx}", g, b, a.dtype),
+    _einsum_round(f"{a_idx},{out}->{b_idx}", a, g, b_dtype),
   )
 
 
-_linear_lowp.defvjp(_linear_lowp_fwd, _linear_lowp_bwd)
+_lowp_einsum.defvjp(_lowp_einsum_fwd, _lowp_einsum_bwd)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, *, eps: float) -> jax.Array:
@@ -157,10 +171,10 @@ def attention(
   _check_attention(q, mask, k.shape[1])
   G = N // K
   qg = q.reshape(B, S, K, G, H)
-  scores = jnp.einsum("bskgh,btkh->bkgst", qg, k, preferred_element_type=jnp.float32)
+  scores = lowp_einsum("bskgh,btkh->bkgst", qg, k, jnp.float32)
   probs = _masked_softmax(scores * (1.0 / math.sqrt(H)), mask[:, None, None, :, :]).astype(v.dtype)
-  out = jnp.einsum("bkgst,btkh->bskgh", probs, v, preferred_element_type=jnp.float32)
-  return out.reshape(B, S, N, H).astype(q.dtype)
+  out = lowp_einsum("bkgst,btkh->bskgh", probs, v, q.dtype)
+  return out.reshape(B, S, N, H)
 
 
 def cached_attention(
