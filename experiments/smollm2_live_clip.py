@@ -14,7 +14,11 @@ Command:
   HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
     --config=experiments/smollm2_live_clip.py
 
-Expected result and wall time: see docs/results.md ("Clip-higher against the symmetric clip").
+Expected result (seed 0, 2026-11-25, 2-core Intel Xeon, 40 RL steps = 160 updates): held-out
+pass@1 0.149 +- 0.015 -> 0.669 +- 0.029, greedy accuracy 0.330 -> 0.710, entropy 0.85 -> 0.10;
+0.31% of tokens clipped above and 0.53% below per step on average; 56 min with the clip-higher run
+going at the same time on the 2 cores. Details and curves: docs/results.md ("Clip-higher against
+the symmetric clip").
 """
 
 import os

@@ -8,7 +8,10 @@ Command:
   HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
     --config=experiments/smollm2_live_clip_higher.py
 
-Expected result and wall time: see docs/results.md ("Clip-higher against the symmetric clip").
+Expected result (seed 0, 2026-11-25, 2-core Intel Xeon): held-out pass@1 0.149 +- 0.015 ->
+0.614 +- 0.029, entropy 0.85 -> 0.12 (0.10 with the symmetric clip: no entropy kept up); 0.14% of
+tokens clipped above per step; 56 min side by side with the symmetric run. Details and curves:
+docs/results.md ("Clip-higher against the symmetric clip").
 """
 
 import os
