@@ -221,7 +221,7 @@ def test_min_p_proxy_golden():
 
 def test_min_p_proxy_from_hidden_matches_the_logits_form():
   """One matmul pass over token tiles x vocabulary blocks (V = 20,000 > the 8192-column block, so
-  the last block is shifted back) == the [B, T, V] reference; the golden row above through it."""
+  the last block is narrower) == the [B, T, V] reference; the golden row above through it."""
   rng = np.random.default_rng(0)
   hidden = jnp.asarray(rng.normal(size=(3, 7, 8)), jnp.float32)
   unembed = jnp.asarray(rng.normal(size=(8, 20_000)), jnp.float32)

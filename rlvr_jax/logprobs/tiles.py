@@ -107,8 +107,8 @@ def forward_tile(h_c, w, y_c, inv_tau, vblock, want_entropy, want_mean=False, ke
   online = Online.start(y_c.shape)
   zs = []
   for start, stop in vocab_blocks(w.shape[1], vblock):
-    # One block at a time: without the barrier XLA may schedule every block's product first and
-    # hold the tile's [C, V] logits (the memory the blocks are there to avoid).
+    # Orders the blocks one after the other. Measured on XLA:CPU: the same peak memory without
+    # it (the unrolled blocks' buffers are not reused either way), a 2-3% slower sweep.
     h_c, online = jax.lax.optimization_barrier((h_c, online))
     z = hidden_logits(h_c, w[:, start:stop], inv_tau)
     online = online.fold(z, start, y_c, want_entropy, want_mean)
@@ -207,7 +207,7 @@ def backward_tile(dw, h_c, h_t, w, w_t, y_c, lse, entropy, cotangents, inv_tau, 
   dh_c = jnp.zeros(h_c.shape, jnp.float32)
   new_dw = []
   for i, (start, stop) in enumerate(blocks):
-    h_c, dh_c = jax.lax.optimization_barrier((h_c, dh_c))  # one block at a time (forward_tile)
+    h_c, dh_c = jax.lax.optimization_barrier((h_c, dh_c))  # block order, as in forward_tile
     z = hidden_logits(h_c, w[:, start:stop], inv_tau) if zs is None else zs[i]
     cols = start + jnp.arange(stop - start)
     dz = chunk_dz(z, cols, y_c, lse, entropy, g_logp, g_entropy, g_mu, vocab_size)
