@@ -25,6 +25,12 @@ def test_run_returns_metrics_summary_and_checkpoints(tmp_path):
     assert result.metrics == [json.loads(line) for line in f]
   steps, rewards = result.curve("reward/mean")
   assert steps == [1, 2, 3] and len(rewards) == 3
+  for r in (m for m in result.metrics if "length/mean" in m):
+    # the mean length is the accuracy-weighted mix of the by-outcome lengths (None: no such row)
+    a, lc, li = r["accuracy/mean"], r["length/correct_mean"], r["length/incorrect_mean"]
+    assert (lc is None) == (a == 0.0) and (li is None) == (a == 1.0)
+    mix = (a * lc if a > 0 else 0.0) + ((1 - a) * li if a < 1 else 0.0)
+    assert mix == pytest.approx(r["length/mean"], rel=1e-6)
   assert result.curve("eval/accuracy")[0] == [0, 3]
   assert result.summary["steps"] == 3
   assert result.summary["eval_after"]["eval/accuracy"] == result.curve("eval/accuracy")[1][-1]

@@ -61,6 +61,11 @@ def test_means_and_standard_errors_over_problems():
   np.testing.assert_allclose(out["eval/pass@2"], 2 / 3)
   np.testing.assert_allclose(out["eval/length"], np.mean([3.0, 1.0, 3.0]))
   np.testing.assert_allclose(out["eval/truncated"], np.mean([0.5, 0.0, 0.0]))
+  # by outcome, over the problems that have such a sample: correct 2 (p0), 3 (p2); wrong 4 (p0), 1 (p1)
+  np.testing.assert_allclose(out["eval/length_correct"], 2.5)
+  np.testing.assert_allclose(out["eval/length_correct_se"], np.std([2, 3], ddof=1) / np.sqrt(2))
+  np.testing.assert_allclose(out["eval/length_incorrect"], 2.5)
+  np.testing.assert_allclose(out["eval/length_incorrect_se"], np.std([4, 1], ddof=1) / np.sqrt(2))
   # entropy: token-weighted -log pi per problem, then the mean over problems
   np.testing.assert_allclose(out["eval/entropy"], np.mean([0.5, 1.0, 2.0]))
   np.testing.assert_allclose(out["eval/format"], 1.0)
@@ -77,3 +82,4 @@ def test_no_format_flag_means_no_format_metric():
 def test_single_problem_has_nan_standard_error():
   out = _run(_Collector([1], [[1, 1]], [[1, 1]], [-1.0]), 1)
   assert np.isnan(out["eval/accuracy_se"]) and out["eval/accuracy"] == 1.0
+  assert out["eval/length_correct"] == 1.0 and "eval/length_incorrect" not in out

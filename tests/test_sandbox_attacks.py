@@ -2,9 +2,9 @@
 
 Each test is an attack a reward-hacking policy could write: escape (processes outliving the run,
 system calls, privileges), persistence (files outliving the run), cross-talk between concurrent
-programs, information disclosure, verdict forging and resource exhaustion; plus the runtime's
-promises (sandbox limits inside the item budget, a killed worker leaves nothing behind, heavy
-imports do not cost items). Assertions look at the host: process tables, files, sockets."""
+programs, information disclosure and resource exhaustion; a killed worker leaves nothing behind.
+Verdict forging is in tests/test_sandbox_forging.py, the runtime's budgets in
+tests/test_sandbox_runtime_budgets.py. Assertions look at the host: process tables, files, sockets."""
 
 import os
 import socket
@@ -17,22 +17,15 @@ import uuid
 
 import numpy as np
 import pytest
+import sandbox_util
 
 from rlvr_jax import rewards
 from rlvr_jax.rewards import code_sandbox
-from rlvr_jax.rewards.code_sandbox import SandboxLimits, sandbox_capabilities
+from rlvr_jax.rewards.code_sandbox import SandboxLimits
 
-CAPS = sandbox_capabilities()
-pytestmark = pytest.mark.skipif(
-  not CAPS["strong"], reason=f"the strong sandbox is unavailable here: {CAPS['missing']}"
-)
-FAST = SandboxLimits(timeout_s=3.0, cpu_s=3)
+pytestmark = sandbox_util.NEEDS_STRONG_SANDBOX
+CAPS, FAST, run_python = sandbox_util.CAPS, sandbox_util.FAST, sandbox_util.run_python
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_python(source, **kwargs):
-  kwargs.setdefault("limits", FAST)
-  return code_sandbox.run_python(source, **kwargs)
 
 
 def processes_of_uid(uid: int) -> list[str]:
@@ -353,126 +346,6 @@ for d in ('/work', '/home', '/root', '/proc/1/root', '/sys', '/run'):
   assert str(os.getpid()) not in out.split("PIDS")[1].split("TOP")[0].split("\n")[0]
 
 
-# --- verdict forging ----------------------------------------------------------------------------
-
-
-FORGERS = {
-  "eq_always_true": (
-    "class Any:\n  def __eq__(self, other):\n    return True\n  __hash__ = object.__hash__\n"
-    "def sq(x):\n  return Any()\n"
-  ),
-  "int_subclass": (
-    "class I(int):\n  def __eq__(self, other):\n    return True\n  __hash__ = int.__hash__\n"
-    "def sq(x):\n  return I(0)\n"
-  ),
-  "patched_builtins": (
-    "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
-    "builtins.all = lambda *a: True\ndef sq(x):\n  return -1\n"
-  ),
-  "rewrite_test_lists": (
-    "import gc\n"
-    "for obj in gc.get_objects():\n"
-    "  if isinstance(obj, list):\n"
-    "    for i, v in enumerate(obj):\n"
-    "      if isinstance(v, str) and 'assert' in v:\n"
-    "        obj[i] = 'assert True'\n"
-    "      elif isinstance(v, str) and v.startswith('sq('):\n"
-    "        obj[i] = '1'\n"
-    "def sq(x):\n  return -1\n"
-  ),
-  "forged_result_lines": (
-    "import os\n"
-    "for fd in range(3, 30):\n"
-    "  for line in (b'[0, 0, [\"B\", true]]\\n', b'0 1 1\\n', b'{\"passed\": [1, 1, 1]}\\n'):\n"
-    "    try:\n      os.write(fd, line)\n    except OSError:\n      pass\n"
-    "def sq(x):\n  return -1\n"
-  ),
-  "exit_early": "import os\nos._exit(0)\n",
-  "raise_in_probe": "def sq(x):\n  raise SystemExit(0)\n",
-}
-
-
-@pytest.mark.parametrize("name", sorted(FORGERS))
-def test_wrong_programs_cannot_forge_a_pass(name):
-  tests = [
-    "assert sq(987654321) == 975461057789971041",
-    "assert abs(sq(3) - 9) < 1e-9",
-    "assert isinstance(sq(4), int) and sq(4) == 16",
-  ]
-  result = run_python(FORGERS[name], tests=tests)
-  assert result.test_passed == (False, False, False), (name, result.stderr[-500:])
-
-
-def test_a_program_cannot_turn_its_zero_into_an_excluded_failure():
-  # Failed items get NaN and leave the advantage estimate: a wrong program that imitates a broken
-  # sandbox (its exit code and message) must still score 0, not fail the item.
-  program = "import sys\nsys.stderr.write('sandbox: unshare failed')\nsys.exit(97)\n"
-  reward = rewards.CodeReward(limits=FAST)
-  out = reward.evaluate(["q"], [program], tests=[["assert sq(2) == 4"]])
-  np.testing.assert_array_equal(out.rewards, [0.0])
-
-
-def test_expected_values_never_enter_the_sandbox():
-  # The program searches everything its interpreter holds (objects, frames) for the test's
-  # expected value (built at run time, so its own constants do not contain it): it is not there,
-  # while the probe it is asked to evaluate is.
-  program = (
-    "import gc, sys\n"
-    "needles = {'expected': str(int('1000000020') + 1), 'probe': ''.join(['sq(3141', '5)'])}\n"
-    "me = globals()\n"
-    "hits = dict.fromkeys(needles, 0)\n"
-    "def scan(obj):\n"
-    "  try:\n"
-    "    text = repr(obj)\n"
-    "  except Exception:\n"
-    "    return\n"
-    "  for name, needle in needles.items():\n"
-    "    hits[name] += needle in text\n"
-    "def sq(x):\n"
-    "  for obj in gc.get_objects():\n"
-    "    if obj is not me and obj is not needles and obj is not hits:\n"
-    "      scan(obj)\n"
-    "  frame = sys._getframe()\n"
-    "  while frame:\n"
-    "    if frame.f_locals is not me:\n"
-    "      scan(frame.f_locals)\n"
-    "    frame = frame.f_back\n"
-    "  print(hits)\n"
-    "  return x * x\n"
-  )
-  limits = SandboxLimits(timeout_s=20.0, cpu_s=20)
-  result = run_python(program, tests=["assert sq(31415) == 1000000021"], limits=limits)
-  hits = eval(result.stdout)  # noqa: S307  (our own test output)
-  assert hits["probe"] > 0 and hits["expected"] == 0, hits
-  assert result.test_passed == (False,)
-
-
-def test_right_answers_in_many_shapes_pass():
-  program = (
-    "import collections, itertools\n"
-    "def sq(x):\n  return x * x\n"
-    "def pair(x):\n  return (x, [x], {x: {x}})\n"
-    "def gen(n):\n  return (i for i in range(n))\n"
-    "def text():\n  return '  hi  '\n"
-    "def counts(s):\n  return collections.Counter(s)\n"
-    "class Solution:\n  def two(self, x):\n    return [x, x]\n"
-    "def big():\n  return 10 ** 5000\n"
-  )
-  tests = [
-    "assert sq(3) == 9",
-    "assert pair(2) == (2, [2], {2: {2}})",
-    "assert list(gen(3)) == [0, 1, 2]",
-    "assert text().strip() == 'hi'",
-    "assert counts('aab') == {'a': 2, 'b': 1}",
-    "assert Solution().two(5) == [5, 5]",
-    "assert big() == 10 ** 5000",
-    "assert math.isclose(sq(0.1), 0.01)",
-    "assert not sq(0)\nassert sq(2) != 5",
-  ]
-  result = run_python(program, tests=tests)
-  assert result.test_passed == (True,) * len(tests), result.stderr
-
-
 # --- resource exhaustion ------------------------------------------------------------------------
 
 
@@ -514,73 +387,7 @@ def test_disk_is_bounded_by_the_scratch_tmpfs():
   assert int(result.stdout.split()[2]) <= 16
 
 
-# --- the runtime: budgets and warm-up -----------------------------------------------------------
-
-
-def test_sandbox_limits_stay_inside_the_item_budget():
-  # 3 stdio tests x 5 s per run against a 3 s item budget: the slow program fails its tests
-  # inside the budget (reward 0, not a killed worker), the good one keeps full credit.
-  slow = "import os, time\nprint('UID=%d' % os.getuid(), flush=True)\ntime.sleep(30)\n"
-  good = "print(int(input()) * 2)\n"
-  tests = [{"input": f"{i}\n", "output": f"{2 * i}\n"} for i in range(3)]
-  reward = rewards.CodeReward(limits=SandboxLimits(timeout_s=5.0, cpu_s=5))
-  start = time.monotonic()
-  with rewards.RewardRuntime(num_workers=2, timeout_s=3.0) as runtime:
-    result = runtime.run(reward, ["q"] * 2, [slow, good], tests=[tests] * 2)
-    restarts = runtime.worker_restarts
-  assert not result.failures and restarts == 0
-  np.testing.assert_array_equal(result.rewards, [0.0, 1.0])
-  assert time.monotonic() - start < 10
-
-
-def test_cold_workers_lose_no_math_items():
-  # math-verify's import (0.5-1 s cold) happens in the worker's warm-up, not in the first item.
-  completions = [f"\\boxed{{(x+{a})^2}}" for a in range(1, 7)]
-  answers = [f"x^2+{2 * a}x+{a * a}" for a in range(1, 7)]
-  with rewards.RewardRuntime(num_workers=2, timeout_s=0.5) as runtime:
-    result = runtime.run(rewards.MathReward(), ["q"] * 6, completions, answer=answers)
-  assert not result.failures, result.failures
-  np.testing.assert_array_equal(result.rewards, [1.0] * 6)
-
-
-def crash_on_marker(prompts, completions, **fields):
-  """Module level (workers import it): kills its worker on the marker, else 0."""
-  if completions[0].endswith("CRASH"):
-    os._exit(3)
-  return np.zeros(1, np.float32)
-
-
-@pytest.mark.slow
-def test_two_thousand_math_items_with_worker_crashes_lose_no_good_item():
-  # Every crash replaces a worker; each replacement warms math-verify before its first item, so
-  # only the crashing items fail (the issue lost good items in 2 of 4 such runs).
-  rng = np.random.default_rng(0)
-  completions, answers, crash = [], [], []
-  for i in range(2000):
-    a = int(rng.integers(1, 40))
-    form = i % 4
-    if form == 0:
-      completion, answer = f"\\boxed{{(x+{a})^2}}", f"x^2+{2 * a}x+{a * a}"
-    elif form == 1:
-      completion, answer = f"\\boxed{{\\sqrt{{{2 * a * a}}}}}", f"{a}\\sqrt{{2}}"
-    elif form == 2:
-      completion, answer = f"\\boxed{{{a}/{a + 1}}}", f"\\frac{{{a}}}{{{a + 1}}}"
-    else:
-      completion, answer = f"The answer is {a + 1}.", str(a)  # wrong on purpose
-    is_crash = i % 250 == 7
-    completions.append(completion + (" CRASH" if is_crash else ""))
-    answers.append(answer)
-    crash.append(is_crash)
-  reward = rewards.CombinedReward({"math": rewards.MathReward(), "crash": crash_on_marker})
-  with rewards.RewardRuntime(num_workers=2, timeout_s=1.0) as runtime:
-    result = runtime.run(reward, ["q"] * 2000, completions, answer=answers)
-    restarts = runtime.worker_restarts
-  failed = {f.index for f in result.failures}
-  assert failed == {i for i in range(2000) if crash[i]}, result.failures[:5]
-  assert {f.cause for f in result.failures} == {"crash"} and restarts == len(failed)
-  expected = np.array([float(i % 4 != 3) for i in range(2000)])
-  ok = ~np.array(crash)
-  np.testing.assert_array_equal(result.rewards[ok], expected[ok])
+# --- refusing a weak sandbox; seccomp in children ---------------------------------------------
 
 
 def test_weak_sandbox_is_refused_unless_accepted(monkeypatch, caplog):

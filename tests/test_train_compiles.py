@@ -9,20 +9,28 @@ from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import loop
 from rlvr_jax.train import step as step_lib
 
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
 
 def test_no_compilation_after_the_first_step_nor_over_a_resume(tmp_path):
-  events = []
+  events = []  # XLA compilations and persistent-cache loads (tests/conftest.py's cache)
 
   def listener(name, secs, **kw):
     if name == dispatch.BACKEND_COMPILE_EVENT:
       events.append(name)
 
-  # A learning rate no other test uses: this run's step is compiled here, not found in a cache.
+  def cache_listener(name, **kw):
+    if name == _CACHE_HIT_EVENT:
+      events.append(name)
+
+  # A learning rate no other test uses: this run's step is compiled here (or loaded from the
+  # persistent compilation cache, after an earlier run of this test), not found in a jit cache.
   c = config_lib.tiny_config(
     tmp_path, rl=dict(num_steps=4, advantage="rloo"), optim=dict(learning_rate=1.2345e-3),
     checkpoint=dict(async_save=False),
   )  # fmt: skip
   jax.monitoring.register_event_duration_secs_listener(listener)
+  jax.monitoring.register_event_listener(cache_listener)
   try:
     trainer = loop.Trainer(c)
     try:
@@ -48,3 +56,4 @@ def test_no_compilation_after_the_first_step_nor_over_a_resume(tmp_path):
       resumed.close()
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
+    jax.monitoring.unregister_event_listener(cache_listener)

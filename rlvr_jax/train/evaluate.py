@@ -6,7 +6,9 @@ samples look like (answer format, length, entropy), each with its standard error
   pass@k    = mean over problems of 1 - C(n - c, k) / C(n, k) with n = k samples, i.e. any correct
   format    = mean over samples of the reward's ``formatted`` flag (answer in the asked-for form,
               e.g. ``\\boxed{}``), else of its ``has_answer`` flag; absent when the reward has neither
-  length    = mean completion length of the samples (tokens), ``truncated`` = share that hit the limit
+  length    = mean completion length of the samples (tokens), ``truncated`` = share that hit the limit;
+              ``length_correct`` / ``length_incorrect`` = the same over a problem's correct / wrong
+              samples, averaged over the problems that have such a sample
   entropy   = mean over sampled tokens of -log pi(token) under the model at temperature 1: the Monte
               Carlo estimate of the per-token entropy of the policy (unbiased when eval.temperature
               is 1; at another temperature it is the cross-entropy of those samples)
@@ -89,6 +91,10 @@ def evaluate(collector, params, records, *, seed: int = 1234) -> dict:
   if not np.isnan(s["format"]).any():
     put("format", s["format"].mean(1))
   put("length", s["length"].mean(1))
+  for name, rows in (("length_correct", s["correct"] > 0.5), ("length_incorrect", s["correct"] <= 0.5)):
+    has = rows.any(1)  # problems with at least one sample of that outcome
+    if has.any():
+      put(name, (s["length"] * rows).sum(1)[has] / rows.sum(1)[has])
   put("truncated", s["truncated"].mean(1))
   # per problem: token-weighted mean -log pi over its k samples
   put("entropy", s["nll"].sum(1) / np.maximum(s["length"].sum(1), 1.0))

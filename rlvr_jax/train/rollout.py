@@ -366,12 +366,18 @@ class Collector:
     lengths = cat("lengths")
     finite_r = rewards[valid]
     finite_c = correct[np.isfinite(correct)]
+    flat_c = correct.reshape(-1)
+    # Completion length by outcome (NaN when a step has no row of that outcome): Dr.GRPO's claim
+    # is about the length of wrong answers under GRPO's per-sequence normalisation.
+    by_outcome = lambda rows: float(lengths[rows].mean()) if rows.any() else float("nan")
     metrics.update(
       {
         "reward/mean": float(finite_r.mean()) if finite_r.size else float("nan"),
         "accuracy/mean": float(finite_c.mean()) if finite_c.size else float("nan"),
         "length/mean": float(lengths.mean()),
         "length/max": float(lengths.max()),
+        "length/correct_mean": by_outcome(flat_c > 0.5),
+        "length/incorrect_mean": by_outcome(flat_c <= 0.5),
         "length/truncated_frac": float(cat("truncated").mean()),
         "groups/zero_var_frac": float(zero_var.mean()),
         "reward/fail_frac": float((~valid).mean()),
