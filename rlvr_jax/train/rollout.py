@@ -367,8 +367,8 @@ class Collector:
     finite_r = rewards[valid]
     finite_c = correct[np.isfinite(correct)]
     flat_c = correct.reshape(-1)
-    # Completion length by outcome (NaN when a step has no row of that outcome): Dr.GRPO's claim
-    # is about the length of wrong answers under GRPO's per-sequence normalisation.
+    # Completion length by outcome (NaN when a step has no row of that outcome): per-sequence
+    # length normalisation of the loss is said to let wrong answers grow long (arXiv 2503.20783).
     by_outcome = lambda rows: float(lengths[rows].mean()) if rows.any() else float("nan")
     metrics.update(
       {
