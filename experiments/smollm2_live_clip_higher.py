@@ -20,7 +20,9 @@ from rlvr_jax import cli
 
 
 def get_config():
-  c = cli.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_live_clip.py"))
+  c = cli.load_config(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "smollm2_live_clip.py")
+  )
   c.workdir = "runs/smollm2_live_clip_higher"
   c.objective.kwargs.clip_high = 0.28
   return c

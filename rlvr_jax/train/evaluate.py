@@ -91,7 +91,10 @@ def evaluate(collector, params, records, *, seed: int = 1234) -> dict:
   if not np.isnan(s["format"]).any():
     put("format", s["format"].mean(1))
   put("length", s["length"].mean(1))
-  for name, rows in (("length_correct", s["correct"] > 0.5), ("length_incorrect", s["correct"] <= 0.5)):
+  for name, rows in (
+    ("length_correct", s["correct"] > 0.5),
+    ("length_incorrect", s["correct"] <= 0.5),
+  ):
     has = rows.any(1)  # problems with at least one sample of that outcome
     if has.any():
       put(name, (s["length"] * rows).sum(1)[has] / rows.sum(1)[has])
