@@ -16,7 +16,12 @@ Command:
   HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m rlvr_jax.main \\
     --config=experiments/smollm2_length_grpo.py
 
-Expected result: see docs/results.md ("Dr.GRPO against GRPO: the length of wrong answers").
+Expected result (seed 0, 2026-11-25, 2-core Intel Xeon, alone on the machine): held-out pass@1
+0.142 +- 0.014 -> 0.665 +- 0.024, greedy accuracy 0.330 -> 0.795; completions 79 -> 18 tokens,
+wrong answers 22.3 +- 1.4 tokens against 16.7 +- 0.2 for right ones after RL; in training, wrong
+answers grow from about 27 to 35 tokens over steps 17-30 while right ones stay at 23-24; 40 min
+for the whole command (median RL step 45 s, peak RSS about 12.5 GB). Details and curves:
+docs/results.md ("Dr.GRPO against GRPO: the length of wrong answers").
 """
 
 import os
