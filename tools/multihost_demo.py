@@ -328,6 +328,14 @@ def trainer_worker(args) -> None:
   print(f"process {info.process_index}/{info.process_count}: trainer done", flush=True)
 
 
+def _metric_diff(u, v) -> float:
+  """|u - v| of two logged metric values; NaN is logged as null: two nulls agree, a null and a
+  number differ infinitely."""
+  if u is None or v is None:
+    return 0.0 if u is None and v is None else float("inf")
+  return abs(u - v)
+
+
 def compare(workdir: str, a: str, b: str) -> dict:
   """Max |difference| of final params and per-step metrics between runs ``a`` and ``b``."""
   import numpy as np
@@ -344,7 +352,7 @@ def compare(workdir: str, a: str, b: str) -> dict:
   with open(os.path.join(workdir, f"metrics_{b}.json")) as f:
     mb = json.load(f)
   metric_diff = max(
-    abs(x[k] - y[k]) for x, y in zip(ma["metrics"], mb["metrics"], strict=True) for k in x
+    _metric_diff(x[k], y[k]) for x, y in zip(ma["metrics"], mb["metrics"], strict=True) for k in x
   )
   return {"param_max_abs_diff": param_diff, "metric_max_abs_diff": metric_diff, a: ma, b: mb}
 
@@ -367,7 +375,7 @@ def compare_trainer(workdir: str, a: str, b: str) -> dict:
   if [r["step"] for r in ma] != [r["step"] for r in mb]:
     raise ValueError(f"logged steps differ: {[r['step'] for r in ma]} vs {[r['step'] for r in mb]}")
   metric_diff = max(
-    abs(x[k] - y[k])
+    _metric_diff(x[k], y[k])
     for x, y in zip(ma, mb, strict=True)
     for k in x
     if not k.startswith(skip) and k != "step"
