@@ -84,3 +84,25 @@ def test_trl_accepts_the_settings(tmp_path):
   # one generation batch of P * G rows per optimizer step
   assert args.generation_batch_size == SPEC.prompts_per_step * SPEC.group_size
   assert args.steps_per_generation == args.gradient_accumulation_steps == SPEC.num_microbatches
+
+
+def test_update_flops_counts_a_shared_prompt_once():
+  """By hand: 1 layer, D = N * H = 4 (one head), K = 1, F = 8, V = 10; 4 rows of a 3-token prompt
+  and 2 completion tokens, G = 2 rows per prompt."""
+  sys.path.insert(0, os.path.join(ROOT, "tools"))
+  try:
+    from bench_train import update_flops
+  finally:
+    sys.path.pop(0)
+  from rlvr_jax.model import ModelConfig
+
+  cfg = ModelConfig.tiny(
+    vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=1, num_heads=1,
+    num_kv_heads=1, head_dim=4,
+  )  # fmt: skip
+  layer = 4 * 4 + 2 * 4 * 4 + 4 * 4 + 3 * 4 * 8  # q, k, v, o, gate / up / down = 160
+  unembed = 2 * 4 * 10 * 4 * 2  # 4 rows x 2 completion tokens
+  plain = 2 * layer * 4 * 5 + 2 * (2 * 4 * 5 * 5 * 4) + unembed
+  shared = 2 * layer * (2 * 3 + 4 * 2) + 2 * (2 * (2 * 3 * 3 + 4 * 2 * 5) * 4) + unembed
+  assert update_flops(cfg, rows=4, seq_len=5, completion_len=2) == 3 * plain
+  assert update_flops(cfg, rows=4, seq_len=5, completion_len=2, prompt_group=2) == 3 * shared

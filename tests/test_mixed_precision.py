@@ -261,7 +261,7 @@ def test_trainer_in_mixed_precision_applies_the_bf16_default_correction(tmp_path
   )
   trainer = loop.Trainer(explicit, log=lambda s: None)
   try:  # the step's static configuration holds the objective's keywords
-    assert dict(trainer.train_step.keywords["cfg"].objective_kwargs)["mismatch"] == "none"
+    assert dict(trainer.plain_train_step.keywords["cfg"].objective_kwargs)["mismatch"] == "none"
   finally:
     trainer.close()
   c = config_lib.tiny_config(tmp_path, model=dict(compute_dtype="bfloat16"))
@@ -273,8 +273,8 @@ def test_trainer_in_mixed_precision_applies_the_bf16_default_correction(tmp_path
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trainer.state.params))
   finally:
     trainer.close()
-  assert trainer.train_step.keywords["cfg"].objective_kwargs is not None
-  kwargs = dict(trainer.train_step.keywords["cfg"].objective_kwargs)
+  assert trainer.plain_train_step.keywords["cfg"].objective_kwargs is not None
+  kwargs = dict(trainer.plain_train_step.keywords["cfg"].objective_kwargs)
   assert kwargs["mismatch"] == config_lib.BF16_MISMATCH["mismatch"]
   assert kwargs["mismatch_high"] == config_lib.BF16_MISMATCH["mismatch_high"]
   assert 0 <= m["logp_gap/mean"] < 1e-3

@@ -50,8 +50,11 @@ def matmul_peak(n: int = 1024, repeats: int = 10, dtype="float32") -> float:
   return 2 * n**3 / best
 
 
-def update_flops(cfg, *, rows: int, seq_len: int, completion_len: int) -> float:
-  """Forward + backward FLOPs of one update (3 x forward; matmuls only, full attention)."""
+def update_flops(cfg, *, rows: int, seq_len: int, completion_len: int, prompt_group: int = 1):
+  """Forward + backward FLOPs of one update (3 x forward; matmuls only, full attention).
+
+  ``prompt_group`` G > 1 (rl.share_prompts): the rows / G prompts run once and each completion
+  attends to its prompt and itself, so the FLOPs actually executed are counted."""
   d, f, n, k, h = (
     cfg.hidden_size,
     cfg.intermediate_size,
@@ -60,9 +63,14 @@ def update_flops(cfg, *, rows: int, seq_len: int, completion_len: int) -> float:
     cfg.head_dim,
   )
   layer_params = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f
-  tokens = rows * seq_len
+  t, sp = completion_len, seq_len - completion_len
+  if prompt_group > 1:
+    tokens = rows // prompt_group * sp + rows * t
+    scores = rows // prompt_group * sp * sp + rows * t * seq_len  # query x key pairs
+  else:
+    tokens, scores = rows * seq_len, rows * seq_len * seq_len
   forward = 2 * cfg.num_layers * layer_params * tokens
-  forward += cfg.num_layers * rows * 2 * (2 * seq_len * seq_len * n * h)  # q.k and p.v
+  forward += cfg.num_layers * 2 * (2 * scores * n * h)  # q.k and p.v
   forward += 2 * d * cfg.vocab_size * rows * completion_len  # unembedding (completion only)
   return 3.0 * forward
 

@@ -23,7 +23,10 @@ reward: ``rewards.ArithmeticReward`` (ours in its reward worker process, TRL in-
 
 Deliberate differences (documented in docs/benchmarks.md): zero-variance groups are kept
 (``rl.zero_variance="keep"``: TRL always trains on them, with advantage 0); prompts are left
-padded to one width for the run on our side (one compiled program; TRL pads per batch).
+padded to one width for the run on our side (one compiled program; TRL pads per batch); ours
+runs each group's prompt once in the update (``rl.share_prompts``, on by default: the same
+values and gradients, P * S_prompt + B * T tokens of work instead of B * (S_prompt + T); TRL has
+no such option; ``--share-prompts false`` turns it off).
 
 Each side runs in its own long-lived worker process (tools/bench_trl_workers.py) that waits on
 a pipe between steps, so only one side computes at a time. Per precision: W warm-up steps each
@@ -33,8 +36,8 @@ rounds of the per-round ratio TRL / ours. After the rounds each worker measures 
 in its precision (the best of large square products: ``jnp.dot`` in ours, ``torch.matmul`` in
 TRL's), and the update's achieved FLOP/s is model FLOPs (tools/bench_train.py
 ``update_flops``: forward + backward = 3 x forward, matmuls of every layer on every processed
-token, full attention, unembedding on completion tokens; recomputation from checkpointing is
-not counted) / update time. Then decode tokens/s of our sampler vs transformers ``generate``
+token, full attention, unembedding on completion tokens; a shared prompt counted once, as it
+runs; recomputation from checkpointing is not counted) / update time. Then decode tokens/s of our sampler vs transformers ``generate``
 (greedy, no early stop, batch P*G, T new tokens) in each precision, by tools/bench_sampling.py.
 
 Precisions: float32; bfloat16 where supported. TRL bfloat16 = ``bf16=True`` (torch autocast,
@@ -91,6 +94,7 @@ class Spec:
   temperature: float = 1.0
   clip: float = 0.2
   remat: bool = True
+  share_prompts: bool = True  # ours only: rl.share_prompts (TRL runs every row's prompt)
   seed: int = 0
   dtype: str = "float32"
   prompt_width: int = 16  # our prompt padding (set to the run's longest prompt by ``prepare``)
@@ -134,6 +138,8 @@ def ours_config(spec: Spec, *, workdir: str, steps: int):
   c.objective.kwargs.clip_low = c.objective.kwargs.clip_high = spec.clip
   c.objective.kwargs.kl_coef = 0.0
   c.model.remat = spec.remat
+  if "share_prompts" in c.rl:
+    c.rl.share_prompts = spec.share_prompts
   c.data.prompt_bucket = spec.prompt_width
   c.data.num_eval = 4
   c.reward.num_workers = 1

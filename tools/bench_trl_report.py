@@ -11,7 +11,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def update_flops_of(shapes) -> float:
-  """Model FLOPs of one update: ``bench_train.update_flops`` summed over its micro-batches."""
+  """Model FLOPs of one update: ``bench_train.update_flops`` summed over its minibatches, each
+  (rows, sequence length, completion length[, prompt group])."""
   if HERE not in sys.path:
     sys.path.insert(0, HERE)
   from bench_train import update_flops
@@ -20,7 +21,11 @@ def update_flops_of(shapes) -> float:
   from rlvr_jax.model.smollm2 import SMOLLM2_SHAPES
 
   cfg = ModelConfig.tiny(**SMOLLM2_SHAPES)
-  return sum(update_flops(cfg, rows=b, seq_len=s, completion_len=t) for b, s, t in shapes)
+  return sum(
+    update_flops(cfg, rows=b, seq_len=s, completion_len=t, prompt_group=g)
+    for b, s, t, *group in shapes
+    for g in [group[0] if group else 1]
+  )
 
 
 def summarise(result: dict) -> dict:

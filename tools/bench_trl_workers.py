@@ -98,7 +98,9 @@ def ours_worker(spec: Spec, folder: str, steps: int, channel: Channel):
 
   def step(state, batch, num_tokens, num_seqs, key):
     rows, width = batch.tokens.shape
-    seen["shapes"].append((rows, width, batch.completion_mask.shape[1]))
+    # rl.share_prompts: this minibatch's groups run their prompt once (G rows per prompt)
+    group = trainer.c.sampling.num_samples if trainer.share_next else 1
+    seen["shapes"].append((rows, width, batch.completion_mask.shape[1], group))
     seen["tokens"] += num_tokens
     seen["rows"] += rows
     return train_step(state, batch, num_tokens, num_seqs, key)

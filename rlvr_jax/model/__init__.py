@@ -3,7 +3,7 @@
 Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
-  KVCache, init_cache, grow_cache, forward, forward_into_new_cache, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
+  KVCache, init_cache, grow_cache, forward, forward_into_new_cache, forward_shared_prompt, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
   unstack_layers, layer_params, compute_params (the bfloat16 copy of mixed precision),
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
@@ -22,6 +22,7 @@ from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
 from rlvr_jax.model.decoder import (
   forward,
   forward_into_new_cache,
+  forward_shared_prompt,
   hidden_states_per_layer,
   layer_params,
   logits_from_hidden,
@@ -73,6 +74,7 @@ __all__ = [
   "count_params",
   "forward",
   "forward_into_new_cache",
+  "forward_shared_prompt",
   "grow_cache",
   "hidden_states_per_layer",
   "init_cache",

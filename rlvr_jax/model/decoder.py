@@ -279,6 +279,96 @@ def forward(
   return out, new_cache
 
 
+def _shared_prompt_layers(params, xp, xc, rope_p, rope_c, masks, config: ModelConfig, G: int):
+  """Scans the stacked layers over the two streams of ``forward_shared_prompt``: the P prompts
+  [P, Sp, D] and the B = P * G completions [B, T, D]. Completion queries attend to their group's
+  prompt keys / values (repeated G times; the transpose of the repeat sums the G cotangents) and,
+  causally, to their own row's completion keys."""
+  K = config.num_kv_heads
+  prompt_mask, completion_mask = masks
+
+  def layer(carry, lp):
+    xp, xc = carry
+    qp, kp, vp = _qkv(lp, _norm(xp, lp["attn_norm"], config), *rope_p, config)
+    qc, kc, vc = _qkv(lp, _norm(xc, lp["attn_norm"], config), *rope_c, config)
+    xp = _block_tail(lp, xp, L.attention(qp, kp, vp, prompt_mask, num_kv_heads=K), config)
+    k = jnp.concatenate([jnp.repeat(kp, G, axis=0), kc], axis=1)
+    v = jnp.concatenate([jnp.repeat(vp, G, axis=0), vc], axis=1)
+    xc = _block_tail(lp, xc, L.attention(qc, k, v, completion_mask, num_kv_heads=K), config)
+    return (xp, xc), None
+
+  if config.remat:
+    layer = jax.checkpoint(layer)
+  (xp, xc), _ = jax.lax.scan(layer, (xp, xc), _stacked(params, config))
+  return xp, xc
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def forward_shared_prompt(
+  params: Params,
+  prompt_tokens: jax.Array,
+  prompt_positions: jax.Array,
+  completion_tokens: jax.Array,
+  completion_positions: jax.Array,
+  *,
+  config: ModelConfig,
+) -> tuple[jax.Array, jax.Array]:
+  """``forward`` of B = P * G rows whose first Sp tokens are G copies of each of P prompts.
+
+  Row b is prompt b // G followed by completion b: the same function of the params as ``forward``
+  on the concatenated [B, Sp + T] rows (causal attention, the padding rule), but each prompt runs
+  through the layers once instead of G times: a GRPO group's G samples share their prompt, so the
+  update processes P * Sp + B * T tokens instead of B * (Sp + T). Gradients are those of the
+  concatenated forward (each prompt token receives the sum over its group).
+
+  Args:
+    prompt_tokens, prompt_positions: [P, Sp] (negative positions mark padding).
+    completion_tokens, completion_positions: [B, T], B a multiple of P.
+  Returns:
+    (prompt hidden [P, Sp, D], completion hidden [B, T, D]): final hidden states after the final
+    RMSNorm, in the compute dtype.
+  """
+  P, Sp = prompt_tokens.shape
+  B, T = completion_tokens.shape
+  if prompt_positions.shape != (P, Sp) or completion_positions.shape != (B, T) or B % P:
+    raise ValueError(
+      f"prompts {prompt_tokens.shape} / {prompt_positions.shape} and completions "
+      f"{completion_tokens.shape} / {completion_positions.shape}: expected [P, Sp] twice and "
+      "[B, T] twice with B a multiple of P"
+    )
+  _check_inputs(params, prompt_tokens, prompt_positions, config, None)
+  params = dict(compute_params(_without_layers(params), config), layers=params["layers"])
+  embed = lambda t: jnp.take(params["embed"], t.astype(jnp.int32), axis=0, mode="clip")
+  inv_freq = L.rope_inv_freq(config)
+  pp, pc = prompt_positions.astype(jnp.int32), completion_positions.astype(jnp.int32)
+  prompt_valid = jnp.repeat(pp >= 0, B // P, axis=0)  # [B, Sp]
+  completion_valid = pc >= 0
+  causal_p = jnp.tril(jnp.ones((Sp, Sp), bool))
+  causal_c = jnp.tril(jnp.ones((T, T), bool))
+  masks = (
+    causal_p[None] & (pp >= 0)[:, None, :],
+    jnp.concatenate(
+      [
+        jnp.broadcast_to(prompt_valid[:, None, :], (B, T, Sp)),
+        causal_c[None] & completion_valid[:, None, :],
+      ],
+      axis=2,
+    ),
+  )
+  xp, xc = _shared_prompt_layers(
+    params,
+    embed(prompt_tokens).astype(jnp.float32),
+    embed(completion_tokens).astype(jnp.float32),
+    L.rope_cos_sin(pp, inv_freq),
+    L.rope_cos_sin(pc, inv_freq),
+    masks,
+    config,
+    B // P,
+  )
+  norm = lambda x: _norm(x, params["final_norm"], config)
+  return norm(xp), norm(xc)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "max_len", "cache_dtype"))
 def forward_into_new_cache(
   params: Params,

@@ -198,6 +198,7 @@ def base_config() -> ConfigDict:
       use_reference=False,
       logprob_chunk=128,
       fused_loss="auto",  # 'auto' | 'on' | 'off': objective fused into the log-prob sweep
+      share_prompts=True,  # a group's G rows run their common prompt once (train.step)
     )
   )
   c.objective = ConfigDict(dict(name=losses.DEFAULT_OBJECTIVE, kwargs=objective_kwargs_config()))

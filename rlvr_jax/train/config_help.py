@@ -113,6 +113,7 @@ FIELD_HELP: dict[str, str] = {
   "rl.use_reference": "keep the initial policy as a reference model (for a KL penalty)",
   "rl.logprob_chunk": "tokens per chunk of the log-prob sweep (memory vs. speed)",
   "rl.fused_loss": "fuse the objective into the log-prob sweep ('auto': when token-local)",
+  "rl.share_prompts": "run a group's common prompt once per update / scoring pass (same values)",
   # objective
   "objective.name": "policy objective (losses.OBJECTIVES) or 'package.module:attr'",
   # optim

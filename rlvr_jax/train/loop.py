@@ -132,7 +132,7 @@ class Trainer:
     for key, value in config_lib.mismatch_defaults(c).items():  # bfloat16: TIS unless set
       kwargs.setdefault(key, value)
     objective, estimator = methods.objective(c.objective.name), methods.estimator(r.advantage)
-    self.train_step = step_lib.make_train_step(
+    step_kwargs = dict(
       model_config=self.model_config,
       optimizer=self.optimizer,
       objective=objective,
@@ -144,6 +144,14 @@ class Trainer:
       fused_loss=config_lib.FUSED_LOSS[r.fused_loss],
       **aux_step,
     )
+    self.plain_train_step = step_lib.make_train_step(**step_kwargs)
+    # rl.share_prompts: the step that runs each group's prompt once, for the minibatches whose
+    # micro-batches hold whole groups of one prompt each (checked per minibatch on the host;
+    # ``train_step`` calls the one chosen for the minibatch).
+    G = c.sampling.num_samples
+    self.shared_train_step, self.share_next = None, False
+    if r.share_prompts and G > 1:
+      self.shared_train_step = step_lib.make_train_step(**step_kwargs, prompt_group=G)
     # State carried between steps by the methods (their specs say what), checkpointed.
     extra = step_lib.init_extra(objective, kwargs)
     if estimator.stateful:
@@ -167,7 +175,10 @@ class Trainer:
     self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
     self.layout.setup(self.state, model_config=self.model_config, optimizer=self.optimizer)
     self.state = self.layout.place_state(self.state)
-    self.train_step = self.layout.wrap_train_step(self.train_step)
+    self.plain_train_step = self.layout.wrap_train_step(self.plain_train_step)
+    if self.shared_train_step is not None:
+      self.shared_train_step = self.layout.wrap_train_step(self.shared_train_step)
+    self.train_step = self._train_step
     self.host_state = {"data": self.source.state(), "eval_before": None, "warm_start_done": False}
     if not self.layout.is_primary:  # checkpoints stay shared; logs, summaries, plots go elsewhere
       c = config.copy_and_resolve_references()
@@ -235,6 +246,12 @@ class Trainer:
     return 0
 
   # ------------------------------------------------------------------ one RL step
+  def _train_step(self, state, tb, num_tokens, num_seqs, key):
+    """The update on one minibatch: the shared-prompt step when ``rl_step`` found that its groups
+    share their prompts, else the plain one (both jitted, the state donated)."""
+    step = self.shared_train_step if self.share_next else self.plain_train_step
+    return step(state, tb, num_tokens, num_seqs, key)
+
   def _minibatch(self, batch: rollout.RolloutBatch, rows: np.ndarray):
     tokens, positions = step_lib.sequence_inputs(
       batch.prompt_tokens[rows], batch.prompt_mask[rows], jnp.asarray(batch.tokens[rows])
@@ -298,7 +315,7 @@ class Trainer:
     t1 = time.perf_counter()
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
     per_mb = P // c.rl.num_minibatches
-    update_metrics, skipped_empty = [], 0
+    update_metrics, skipped_empty, shared = [], 0, 0
     for epoch in range(c.rl.num_epochs):
       order = np.arange(P)
       if epoch > 0:
@@ -311,6 +328,10 @@ class Trainer:
           skipped_empty += 1
           continue
         key = jax.random.fold_in(jax.random.fold_in(step_key, 1 + epoch), m)
+        self.share_next = self.shared_train_step is not None and step_lib.shares_prompts(
+          batch.prompt_tokens[rows], batch.prompt_mask[rows], G, c.rl.num_microbatches
+        )
+        shared += self.share_next
         self.state, um = self.train_step(self.state, tb, num_tokens, num_seqs, key)
         update_metrics.append(um)
     prm_metrics = self._prm_update(batch) if self.prm_step is not None else {}
@@ -326,6 +347,7 @@ class Trainer:
         out[k] = vals[0] if k.startswith("logp_gap/") else float(np.mean(vals))
     t2 = time.perf_counter()
     out["update/empty_skipped"] = float(skipped_empty)
+    out["update/shared_prompts"] = shared / max(len(update_metrics), 1)  # rl.share_prompts
     out["update/num_skipped_total"] = float(self.state.num_skipped)
     out["time/update"] = t2 - t1
     out["time/rollout"] = t1 - t0

@@ -224,12 +224,18 @@ class Collector:
     tokens, positions = step_lib.sequence_inputs(
       rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens
     )
+    # ``generate`` returns each prompt's G rows side by side, so whole micro-batches of groups
+    # can run each prompt once (rl.share_prompts).
+    G, M = self.c.sampling.num_samples, self.c.rl.num_microbatches
+    B = rollout.prompt_tokens.shape[0]
+    shared = self.c.rl.share_prompts and G > 1 and B % M == 0 and (B // M) % G == 0
+    score = functools.partial(self.score_fn, prompt_group=G if shared else 1)
     if need_old:
-      out["old_logp"], _ = self.score_fn(params, tokens, positions, t)
+      out["old_logp"], _ = score(params, tokens, positions, t)
     if ref_params is not None:
-      out["ref_logp"], _ = self.score_fn(ref_params, tokens, positions, t)
+      out["ref_logp"], _ = score(ref_params, tokens, positions, t)
     if prm_params is not None:  # the implicit PRM (a second parameter tree)
-      out["prm_logp"], _ = self.score_fn(prm_params, tokens, positions, t)
+      out["prm_logp"], _ = score(prm_params, tokens, positions, t)
     if self.model_reward_fn is not None:
       out.update(
         model_rewards_lib.score(

@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rlvr_jax import logprobs, losses, model
@@ -63,31 +64,70 @@ def sequence_inputs(prompt_tokens, prompt_mask, completion_tokens):
 
 
 def completion_hidden(
-  params, tokens, positions, *, num_completion: int, model_config, with_states: bool = False
+  params,
+  tokens,
+  positions,
+  *,
+  num_completion: int,
+  model_config,
+  with_states: bool = False,
+  prompt_group: int = 1,
 ):
   """(hidden [B, T, D], unembed [D, V], targets [B, T]) for the last T tokens of ``tokens`` [B, S]:
   the final hidden states that predict them and the unembedding matrix. ``with_states`` appends
   the states AT those tokens ([B, T, D]: the one at a completion's last token predicts what
-  follows it, where an auxiliary loss may read a self-reward)."""
+  follows it, where an auxiliary loss may read a self-reward).
+
+  ``prompt_group`` G > 1: rows come in blocks of G with the same left-padded prompt (the first
+  S - T columns; the caller guarantees it, ``shares_prompts``), and each prompt runs through the
+  model once (``model.forward_shared_prompt``): the same values, P * Sp + B * T tokens of work
+  instead of B * S."""
   s = tokens.shape[1]
   if not 0 < num_completion < s:
     raise ValueError(
       f"num_completion={num_completion} must be in (0, S={s}) for tokens {tokens.shape}"
     )
-  hidden, _ = model.forward(params, tokens, positions, config=model_config)
-  # The hidden state at index i predicts token i + 1.
-  h = hidden[:, s - num_completion - 1 : s - 1]
-  out = (h, model.unembed_matrix(params, model_config), tokens[:, s - num_completion :])
-  return (*out, hidden[:, s - num_completion :]) if with_states else out
+  sp = s - num_completion
+  targets = tokens[:, sp:]
+  unembed = model.unembed_matrix(params, model_config)
+  if prompt_group > 1:
+    G = prompt_group
+    prompt_h, states = model.forward_shared_prompt(
+      params, tokens[::G, :sp], positions[::G, :sp], targets, positions[:, sp:],
+      config=model_config,
+    )  # fmt: skip
+    # The last prompt token (real: prompts are left-padded) predicts the first completion token.
+    last = jnp.repeat(prompt_h[:, -1:], G, axis=0)
+    h = jnp.concatenate([last, states[:, :-1]], axis=1)
+  else:
+    hidden, _ = model.forward(params, tokens, positions, config=model_config)
+    # The hidden state at index i predicts token i + 1.
+    h, states = hidden[:, sp - 1 : s - 1], hidden[:, sp:]
+  return (h, unembed, targets, states) if with_states else (h, unembed, targets)
+
+
+def shares_prompts(prompt_tokens, prompt_mask, group: int, num_microbatches: int = 1) -> bool:
+  """Whether rows [B, Sp] (host arrays) come in blocks of ``group`` identical prompts with whole
+  blocks in each of the ``num_microbatches`` micro-batches: the condition of ``prompt_group``."""
+  tokens, mask = np.asarray(prompt_tokens), np.asarray(prompt_mask)
+  B = tokens.shape[0]
+  if group <= 1 or B % group or (B // num_microbatches) % group or B % num_microbatches:
+    return False
+  t, m = tokens.reshape(B // group, group, -1), mask.reshape(B // group, group, -1)
+  same_mask = (m == m[:, :1]).all()
+  return bool(same_mask and (np.where(m, t, 0) == np.where(m[:, :1], t[:, :1], 0)).all())
 
 
 def completion_logprobs(
-  params, tokens, positions, *, num_completion: int, model_config, temperature, chunk_size
-):
-  """logp [B, T] and entropy [B, T] (float32) of the last T tokens of ``tokens`` [B, S]."""
+  params, tokens, positions, *, num_completion: int, model_config, temperature, chunk_size,
+  prompt_group: int = 1,
+):  # fmt: skip
+  """logp [B, T] and entropy [B, T] (float32) of the last T tokens of ``tokens`` [B, S]
+  (``prompt_group``: see ``completion_hidden``)."""
   h, unembed, targets = completion_hidden(
-    params, tokens, positions, num_completion=num_completion, model_config=model_config
-  )
+    params, tokens, positions, num_completion=num_completion, model_config=model_config,
+    prompt_group=prompt_group,
+  )  # fmt: skip
   return logprobs.token_logprobs_from_hidden(
     h, unembed, targets, temperature=temperature, chunk_size=chunk_size, compute_entropy=True
   )
@@ -128,6 +168,8 @@ class StepConfig:
     on_policy: the step batch is the only update on its rollout batch: old_logp = sg(logp) and
       ``batch.old_logp`` is ignored.
     fused: the objective is fused into the log-prob sweep (``logprobs.fused_objective_from_hidden``).
+    prompt_group: G > 1: every micro-batch's rows come in blocks of G sharing their prompt, run
+      once per block (``completion_hidden``); 1: every row runs its own prompt.
     auxiliary: a ``losses.AuxiliarySpec`` added to the loss of every micro-batch, or None.
     auxiliary_kwargs: its keyword settings, as sorted (name, value) pairs.
   """
@@ -141,6 +183,7 @@ class StepConfig:
   chunk_size: int = 128
   on_policy: bool = False
   fused: bool = False
+  prompt_group: int = 1
   auxiliary: Any = None
   auxiliary_kwargs: tuple = ()
 
@@ -167,6 +210,7 @@ def score(cfg: StepConfig, params, mb: TrainBatch):
   return completion_logprobs(
     params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
     model_config=cfg.model_config, temperature=cfg.temperature, chunk_size=cfg.chunk_size,
+    prompt_group=cfg.prompt_group,
   )  # fmt: skip
 
 
@@ -210,7 +254,7 @@ def micro_batch_loss(cfg: StepConfig, params, mb: TrainBatch, num_tokens, num_se
   aux = cfg.auxiliary
   h, unembed, targets, *states = completion_hidden(
     params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
-    model_config=cfg.model_config, with_states=aux is not None,
+    model_config=cfg.model_config, with_states=aux is not None, prompt_group=cfg.prompt_group,
   )  # fmt: skip
   if cfg.fused:
     loss, logp, entropy = logprobs.fused_objective_from_hidden(
@@ -334,6 +378,7 @@ def make_train_step(
   fused_loss: bool | str = "auto",
   auxiliary=None,
   auxiliary_kwargs: dict | None = None,
+  prompt_group: int = 1,
 ):
   """``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``: the jitted
   ``train_step`` bound to its ``StepConfig``.
@@ -350,6 +395,9 @@ def make_train_step(
     auxiliary: a ``losses.AuxiliarySpec`` (or its name in ``losses.AUXILIARY_LOSSES``) added to
       the loss on the same forward pass; its per-row reads come from ``batch.aux``.
     auxiliary_kwargs: its keyword settings (with ``token_id`` when the spec takes a token).
+    prompt_group: see ``StepConfig``; the caller checks ``shares_prompts`` on every batch it
+      gives this step (rows of different prompts in one block would be trained on the wrong
+      prompt).
   ``key`` is a typed PRNG key (the ``step_noise`` inputs are drawn from it). A stateful objective
   needs ``state.extra`` from ``init_extra(objective, objective_kwargs)``.
   """
@@ -367,7 +415,7 @@ def make_train_step(
     model_config=model_config, optimizer=optimizer, objective=spec,
     objective_kwargs=tuple(sorted(kwargs.items())), num_microbatches=num_microbatches,
     temperature=temperature, chunk_size=chunk_size, on_policy=on_policy,
-    fused=token_local and fused_loss in (True, "auto"),
+    fused=token_local and fused_loss in (True, "auto"), prompt_group=prompt_group,
     auxiliary=losses.AUXILIARY_LOSSES[auxiliary] if isinstance(auxiliary, str) else auxiliary,
     auxiliary_kwargs=tuple(sorted((auxiliary_kwargs or {}).items())),
   )  # fmt: skip
@@ -375,12 +423,12 @@ def make_train_step(
 
 
 def _score(params, tokens, positions, num_completion, *, model_config, temperature, chunk_size,
-           num_microbatches):  # fmt: skip
+           num_microbatches, prompt_group=1):  # fmt: skip
   def one(xs):
     tok, pos = xs
     return completion_logprobs(
       params, tok, pos, num_completion=num_completion, model_config=model_config,
-      temperature=temperature, chunk_size=chunk_size,
+      temperature=temperature, chunk_size=chunk_size, prompt_group=prompt_group,
     )  # fmt: skip
 
   tok, pos = split_microbatches((tokens, positions), num_microbatches)
@@ -393,7 +441,7 @@ def _score(params, tokens, positions, num_completion, *, model_config, temperatu
 score_logprobs = jax.jit(
   _score,
   static_argnames=("num_completion", "model_config", "temperature", "chunk_size",
-                   "num_microbatches"),
+                   "num_microbatches", "prompt_group"),
 )  # fmt: skip
 
 
@@ -402,7 +450,8 @@ def make_score_fn(
 ):
   """``score(params, tokens, positions, num_completion) -> (logp, entropy)``: a no-grad pass (old
   log-probs before several updates, reference log-probs) over micro-batches of B / M rows, the
-  jitted ``score_logprobs`` bound to its static configuration."""
+  jitted ``score_logprobs`` bound to its static configuration. Pass ``prompt_group=G`` to a call
+  whose micro-batches hold whole blocks of G rows sharing a prompt (``completion_hidden``)."""
   return functools.partial(
     score_logprobs, model_config=model_config, temperature=temperature, chunk_size=chunk_size,
     num_microbatches=num_microbatches,
