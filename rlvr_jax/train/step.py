@@ -306,22 +306,26 @@ def accumulate_gradients(cfg: StepConfig, params, batch: TrainBatch, num_tokens,
 
 def apply_update(cfg: StepConfig, state: TrainState, loss, grads):
   """The optax update if L and g are finite, else params / optimiser state unchanged (non-finite
-  gradients would poison the moments: they are zeroed and the update discarded). Returns
-  (params, opt_state, finite, grad_norm, update_norm)."""
+  gradients would poison the moments). Returns (params, opt_state, finite, grad_norm,
+  update_norm).
+
+  A ``lax.cond`` runs the update only when finite: measured on SmolLM2-135M (bfloat16 compute),
+  selecting between the new and the old params and moments with ``where`` (and zeroing the
+  gradients first) cost 150-250 ms per update, a full extra pass over every parameter-sized tree.
+  """
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-  updates, new_opt_state = cfg.optimizer.update(safe_grads, state.opt_state, state.params)
-  new_params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-  update_norm = jnp.where(finite, optax.global_norm(updates), 0.0)
-  return (
-    keep(new_params, state.params),
-    keep(new_opt_state, state.opt_state),
-    finite,
-    grad_norm,
-    (update_norm),
-  )
+
+  def update(_):
+    updates, opt_state = cfg.optimizer.update(grads, state.opt_state, state.params)
+    norm = optax.global_norm(updates).astype(jnp.float32)
+    return optax.apply_updates(state.params, updates), opt_state, norm
+
+  def skip(_):
+    return state.params, state.opt_state, jnp.zeros((), jnp.float32)
+
+  params, opt_state, update_norm = jax.lax.cond(finite, update, skip, None)
+  return params, opt_state, finite, grad_norm, update_norm
 
 
 def step_metrics(loss, metrics, *, params, finite, grad_norm, update_norm) -> dict:
