@@ -216,17 +216,22 @@ class Collector:
     )
     return completions, self.layout.gather_rewards(future, num_groups, num_samples)
 
-  def _scores(self, params, ref_params, rollout, *, need_old: bool, prm_params=None, answers=None):
+  def _scores(
+    self, params, ref_params, rollout, *, need_old: bool, prm_params=None, answers=None,
+    rows_per_prompt: int,
+  ):  # fmt: skip
     """Dispatches the no-grad passes (async); returns a dict of device [B_gen, T] arrays (and
-    the [B_gen] ``model_reward`` / ``model_reward/*`` of ``config.model_reward``)."""
+    the [B_gen] ``model_reward`` / ``model_reward/*`` of ``config.model_reward``).
+    ``rows_per_prompt``: G_gen, the rows ``generate`` made per prompt (G, or G + 1 with a
+    greedy row)."""
     out = {}
     t = rollout.tokens.shape[1]
     tokens, positions = step_lib.sequence_inputs(
       rollout.prompt_tokens, rollout.prompt_mask, rollout.tokens
     )
-    # ``generate`` returns each prompt's G rows side by side, so whole micro-batches of groups
+    # ``generate`` returns each prompt's G_gen rows side by side, so whole micro-batches of groups
     # can run each prompt once (rl.share_prompts).
-    G, M = self.c.sampling.num_samples, self.c.rl.num_microbatches
+    G, M = rows_per_prompt, self.c.rl.num_microbatches
     B = rollout.prompt_tokens.shape[0]
     shared = self.c.rl.share_prompts and G > 1 and B % M == 0 and (B // M) % G == 0
     score = functools.partial(self.score_fn, prompt_group=G if shared else 1)
@@ -283,8 +288,14 @@ class Collector:
       answers = [r.get("answer", "") for r in records for _ in range(G_gen)]
       scores = self.layout.gather_rollout(
         self._scores(
-          params, ref_params, rollout, need_old=need_old, prm_params=prm_params, answers=answers
-        )
+          params,
+          ref_params,
+          rollout,
+          need_old=need_old,
+          prm_params=prm_params,
+          answers=answers,
+          rows_per_prompt=G_gen,
+        )  # fmt: skip
       )
       result = future.result()
       metrics["time/reward"] += time.perf_counter() - t1
