@@ -83,8 +83,10 @@ def test_short_run_logs_episode_metrics_and_keeps_parity(trained):
     for k in ("episode/success", "episode/tool_calls_mean", "env/fail_frac", "env/step_time_s",
               "env/fail/exception", "loss"):  # fmt: skip
       assert k in r, k
-    # Sampler / trainer parity on interleaved sequences, inside the train step itself.
+    # Sampler / trainer parity on interleaved sequences, inside the train step itself, which
+    # runs each group's first prompt once (rl.share_prompts: the 4 episodes of a group share it).
     assert r["logp_gap/max"] <= 1e-5
+    assert r["update/shared_prompts"] == 1.0
   # Failed episodes (groups of 4 rows share a seed) are counted and the run goes on.
   fails = [r["env/fail/exception"] for r in steps]
   assert 0 < sum(fails) < 16 and all(f % 4 == 0 for f in fails)

@@ -25,6 +25,7 @@ Metrics: ``episode/turns_mean``, ``episode/success`` (terminated with a positive
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
 
@@ -185,11 +186,16 @@ class MultiTurnCollector:
       batch["prompt_tokens"], batch["prompt_mask"], jnp.asarray(batch["tokens"])
     )
     T = batch["tokens"].shape[1]
+    # rl.share_prompts: a group's episodes start from one prompt (checked on the host).
+    shared = c.rl.share_prompts and step_lib.shares_prompts(
+      batch["prompt_tokens"], batch["prompt_mask"], G, c.rl.num_microbatches
+    )
+    score = functools.partial(self.score_fn, prompt_group=G if shared else 1)
     scores = {}
     if need_old:
-      scores["old_logp"] = np.asarray(self.score_fn(params, tokens, positions, T)[0])
+      scores["old_logp"] = np.asarray(score(params, tokens, positions, T)[0])
     if ref_params is not None:
-      scores["ref_logp"] = np.asarray(self.score_fn(ref_params, tokens, positions, T)[0])
+      scores["ref_logp"] = np.asarray(score(ref_params, tokens, positions, T)[0])
     metrics = self.episode_metrics(eb, batch, R, valid, success)
     metrics.update({
       "time/sample": t1 - t0,
