@@ -37,8 +37,9 @@ in its precision (the best of large square products: ``jnp.dot`` in ours, ``torc
 TRL's), and the update's achieved FLOP/s is model FLOPs (tools/bench_train.py
 ``update_flops``: forward + backward = 3 x forward, matmuls of every layer on every processed
 token, full attention, unembedding on completion tokens; a shared prompt counted once, as it
-runs; recomputation from checkpointing is not counted) / update time. Then decode tokens/s of our sampler vs transformers ``generate``
-(greedy, no early stop, batch P*G, T new tokens) in each precision, by tools/bench_sampling.py.
+runs; recomputation from checkpointing is not counted) / update time. Then decode tokens/s of
+our sampler vs transformers ``generate`` (greedy, no early stop, batch P*G, T new tokens) in each
+precision, by tools/bench_sampling.py.
 
 Precisions: float32; bfloat16 where supported. TRL bfloat16 = ``bf16=True`` (torch autocast,
 float32 master weights and optimizer state, transformers' standard mixed precision); ours =

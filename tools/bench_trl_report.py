@@ -22,9 +22,8 @@ def update_flops_of(shapes) -> float:
 
   cfg = ModelConfig.tiny(**SMOLLM2_SHAPES)
   return sum(
-    update_flops(cfg, rows=b, seq_len=s, completion_len=t, prompt_group=g)
+    update_flops(cfg, rows=b, seq_len=s, completion_len=t, prompt_group=group[0] if group else 1)
     for b, s, t, *group in shapes
-    for g in [group[0] if group else 1]
   )
 
 

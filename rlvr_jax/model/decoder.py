@@ -199,6 +199,13 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   return x, tuple(new_k), tuple(new_v), (jnp.stack(seen) if collect else None)
 
 
+def _embed(params: Params, tokens: jax.Array) -> jax.Array:
+  """The float32 residual stream [B, S, D] of token ids [B, S] (out-of-range ids clamp)."""
+  return jnp.take(params["embed"], tokens.astype(jnp.int32), axis=0, mode="clip").astype(
+    jnp.float32
+  )
+
+
 def _without_layers(params: Params) -> Params:
   return {k: v for k, v in params.items() if k != "layers"}
 
@@ -220,7 +227,7 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
   tokens = tokens.astype(jnp.int32)
   positions = positions.astype(jnp.int32)
   B, S = tokens.shape
-  x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(jnp.float32)
+  x = _embed(params, tokens)
   cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(config))
   valid = positions >= 0
   stored = jnp.where(valid, positions, -1)  # the positions a cache keeps: -1 on padding
@@ -338,7 +345,6 @@ def forward_shared_prompt(
     )
   _check_inputs(params, prompt_tokens, prompt_positions, config, None)
   params = dict(compute_params(_without_layers(params), config), layers=params["layers"])
-  embed = lambda t: jnp.take(params["embed"], t.astype(jnp.int32), axis=0, mode="clip")
   inv_freq = L.rope_inv_freq(config)
   pp, pc = prompt_positions.astype(jnp.int32), completion_positions.astype(jnp.int32)
   prompt_valid = jnp.repeat(pp >= 0, B // P, axis=0)  # [B, Sp]
@@ -357,8 +363,8 @@ def forward_shared_prompt(
   )
   xp, xc = _shared_prompt_layers(
     params,
-    embed(prompt_tokens).astype(jnp.float32),
-    embed(completion_tokens).astype(jnp.float32),
+    _embed(params, prompt_tokens),
+    _embed(params, completion_tokens),
     L.rope_cos_sin(pp, inv_freq),
     L.rope_cos_sin(pc, inv_freq),
     masks,

@@ -231,9 +231,8 @@ class Collector:
     )
     # ``generate`` returns each prompt's G_gen rows side by side, so whole micro-batches of groups
     # can run each prompt once (rl.share_prompts).
-    G, M = rows_per_prompt, self.c.rl.num_microbatches
-    B = rollout.prompt_tokens.shape[0]
-    shared = self.c.rl.share_prompts and G > 1 and B % M == 0 and (B // M) % G == 0
+    G, B = rows_per_prompt, rollout.prompt_tokens.shape[0]
+    shared = self.c.rl.share_prompts and step_lib.whole_groups(B, G, self.c.rl.num_microbatches)
     score = functools.partial(self.score_fn, prompt_group=G if shared else 1)
     if need_old:
       out["old_logp"], _ = score(params, tokens, positions, t)

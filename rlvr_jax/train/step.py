@@ -106,12 +106,18 @@ def completion_hidden(
   return (h, unembed, targets, states) if with_states else (h, unembed, targets)
 
 
+def whole_groups(rows: int, group: int, num_microbatches: int = 1) -> bool:
+  """Whether ``rows`` split into ``num_microbatches`` micro-batches of whole blocks of ``group``
+  rows (group > 1): the shape condition of ``prompt_group``."""
+  return group > 1 and rows % num_microbatches == 0 and (rows // num_microbatches) % group == 0
+
+
 def shares_prompts(prompt_tokens, prompt_mask, group: int, num_microbatches: int = 1) -> bool:
   """Whether rows [B, Sp] (host arrays) come in blocks of ``group`` identical prompts with whole
   blocks in each of the ``num_microbatches`` micro-batches: the condition of ``prompt_group``."""
   tokens, mask = np.asarray(prompt_tokens), np.asarray(prompt_mask)
   B = tokens.shape[0]
-  if group <= 1 or B % group or (B // num_microbatches) % group or B % num_microbatches:
+  if not whole_groups(B, group, num_microbatches):
     return False
   t, m = tokens.reshape(B // group, group, -1), mask.reshape(B // group, group, -1)
   same_mask = (m == m[:, :1]).all()
