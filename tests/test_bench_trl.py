@@ -106,3 +106,12 @@ def test_update_flops_counts_a_shared_prompt_once():
   shared = 2 * layer * (2 * 3 + 4 * 2) + 2 * (2 * (2 * 3 * 3 + 4 * 2 * 5) * 4) + unembed
   assert update_flops(cfg, rows=4, seq_len=5, completion_len=2) == 3 * plain
   assert update_flops(cfg, rows=4, seq_len=5, completion_len=2, prompt_group=2) == 3 * shared
+
+
+def test_both_workers_get_the_same_malloc_environment(monkeypatch):
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=1")  # not passed on: one setting
+  on = bench_trl.worker_env(SPEC)
+  assert on["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  assert on["PYTHONPATH"].split(os.pathsep)[0] == ROOT
+  off = bench_trl.worker_env(dataclasses.replace(SPEC, hugepages=False))
+  assert "GLIBC_TUNABLES" not in off

@@ -28,6 +28,11 @@ runs each group's prompt once in the update (``rl.share_prompts``, on by default
 values and gradients, P * S_prompt + B * T tokens of work instead of B * (S_prompt + T); TRL has
 no such option; ``--share-prompts false`` turns it off).
 
+Both workers (and the decode runs) start with glibc's ``malloc`` huge-page tunable in their
+environment (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, ``rlvr_jax.host_memory``), the setting
+``python -m rlvr_jax.main`` gives itself: the same environment for both sides;
+``--hugepages false`` runs both without it.
+
 Each side runs in its own long-lived worker process (tools/bench_trl_workers.py) that waits on
 a pipe between steps, so only one side computes at a time. Per precision: W warm-up steps each
 (compilation; not counted), then R interleaved rounds (ours, TRL, ours, TRL, ...); the table
@@ -96,6 +101,7 @@ class Spec:
   clip: float = 0.2
   remat: bool = True
   share_prompts: bool = True  # ours only: rl.share_prompts (TRL runs every row's prompt)
+  hugepages: bool = True  # both sides: glibc's malloc huge-page tunable (rlvr_jax.host_memory)
   seed: int = 0
   dtype: str = "float32"
   prompt_width: int = 16  # our prompt padding (set to the run's longest prompt by ``prepare``)
@@ -282,6 +288,19 @@ def prompt_digest(texts) -> str:
   return hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
 
 
+def worker_env(spec: Spec) -> dict:
+  """The environment of every worker and decode process: this one, plus glibc's huge-page
+  tunable for both sides alike when ``spec.hugepages`` (what ``rlvr_jax.main`` sets for itself;
+  torch's CPU allocator takes its blocks from the same ``malloc``), minus it otherwise."""
+  from rlvr_jax import host_memory
+
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("GLIBC_TUNABLES", None)
+  if spec.hugepages:
+    env["GLIBC_TUNABLES"] = host_memory.TUNABLE
+  return env
+
+
 class Worker:
   """One side's worker process, driven one command at a time over its stdin / stdout."""
 
@@ -290,11 +309,11 @@ class Worker:
     self.log_path = os.path.join(folder, f"{side}_{spec.dtype}.log")
     cmd = [sys.executable, os.path.join(HERE, "bench_trl_workers.py"), side]
     cmd += [json.dumps(dataclasses.asdict(spec)), folder, str(steps)]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     self.log = open(self.log_path, "w")
     self.proc = subprocess.Popen(
-      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
-    )
+      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+      env=worker_env(spec),
+    )  # fmt: skip
     self.ready = self._read()
 
   def _read(self) -> dict:
@@ -365,8 +384,7 @@ def decode_bench(spec: Spec, folder: str, rounds: int) -> dict:
   cmd += ["--batch-sizes", str(spec.prompts_per_step * spec.group_size)]
   cmd += ["--new-tokens", str(spec.max_new_tokens), "--skip-compiled", "--dtype", spec.dtype]
   cmd += ["--rounds", str(rounds), "--json-out", path]
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(spec))
   if proc.returncode != 0:
     return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
   with open(path) as f:

@@ -1,0 +1,93 @@
+"""The launcher's huge-page setting for malloc (rlvr_jax/host_memory.py): when it re-executes, with
+what environment, and that ``python -m rlvr_jax.main`` really runs with it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rlvr_jax import host_memory as hm
+
+_LINUX = dict(system="linux", glibc=(2, 36), mode="madvise")
+
+
+def test_adds_the_tunable_and_keeps_the_rest_of_the_environment():
+  env = hm.hugepage_environ({"PATH": "/bin", "X": "1"}, **_LINUX)
+  assert env["GLIBC_TUNABLES"] == hm.TUNABLE
+  assert env["PATH"] == "/bin" and env["X"] == "1"
+  assert env[hm._REEXECUTED] == "1"
+  # the user's other tunables stay, ours is appended
+  env = hm.hugepage_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, **_LINUX)
+  assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{hm.TUNABLE}"
+
+
+@pytest.mark.parametrize(
+  "environ, overrides",
+  [
+    ({hm.OPT_OUT: "0"}, {}),  # opted out
+    ({hm._REEXECUTED: "1"}, {}),  # already re-executed: never a loop
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, {}),  # the user's own choice stands
+    ({}, {"system": "darwin"}),
+    ({}, {"glibc": None}),  # musl or another C library
+    ({}, {"glibc": (2, 34)}),  # before the tunable existed
+    ({}, {"mode": "always"}),  # every mapping gets huge pages already
+    ({}, {"mode": "never"}),  # advice would be ignored
+    ({}, {"mode": ""}),  # no THP file
+  ],
+)
+def test_leaves_the_process_alone_when_it_would_change_nothing(environ, overrides):
+  assert hm.hugepage_environ(environ, **{**_LINUX, **overrides}) is None
+
+
+def test_thp_mode_reads_the_bracketed_word(tmp_path):
+  path = tmp_path / "enabled"
+  path.write_text("always [madvise] never\n")
+  assert hm.thp_mode(str(path)) == "madvise"
+  path.write_text("[always] madvise never\n")
+  assert hm.thp_mode(str(path)) == "always"
+  assert hm.thp_mode(str(tmp_path / "missing")) == ""
+
+
+def test_reexec_passes_the_interpreter_the_same_command_line(monkeypatch):
+  calls = []
+  monkeypatch.setattr(hm, "hugepage_environ", lambda environ: {"GLIBC_TUNABLES": hm.TUNABLE})
+  hm.reexec_with_hugepages(execve=lambda *a: calls.append(a))
+  assert calls == [(sys.executable, list(sys.orig_argv), {"GLIBC_TUNABLES": hm.TUNABLE})]
+  calls.clear()
+  monkeypatch.setattr(hm, "hugepage_environ", lambda environ: None)
+  hm.reexec_with_hugepages(execve=lambda *a: calls.append(a))
+  assert calls == []
+
+
+def test_main_runs_with_the_tunable_where_it_applies(tmp_path):
+  """End to end: the config file is evaluated in the process that runs the experiment, and
+  records the environment it sees; ``--help`` then exits 0 (the command line survived)."""
+  probe, seen = tmp_path / "probe.py", tmp_path / "seen.txt"
+  probe.write_text(
+    textwrap.dedent(f"""
+      import os
+      from rlvr_jax.train.config import base_config
+
+      def get_config():
+        with open({str(seen)!r}, "w") as f:
+          f.write(os.environ.get("GLIBC_TUNABLES", "") + "|" + os.environ.get("{hm.OPT_OUT}", ""))
+        return base_config()
+    """)
+  )
+  env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hm._REEXECUTED)}
+  expected = hm.hugepage_environ(env)  # None where this machine gets nothing
+  for opt_out in ("", "0"):
+    run_env = {**env, "JAX_PLATFORMS": "cpu", **({hm.OPT_OUT: opt_out} if opt_out else {})}
+    out = subprocess.run(
+      [sys.executable, "-m", "rlvr_jax.main", f"--config={probe}", "--help"],
+      capture_output=True, text=True, env=run_env, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m rlvr_jax.main")
+    tunables = seen.read_text().split("|")[0]
+    if expected is None or opt_out == "0":
+      assert tunables == ""
+    else:
+      assert tunables == hm.TUNABLE
