@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from rlvr_jax import logprobs, losses, model
+from rlvr_jax.train.optimizer import OptimizerSpec
 from rlvr_jax.train.state import TrainBatch, TrainState
 
 
@@ -318,11 +319,15 @@ def apply_update(cfg: StepConfig, state: TrainState, loss, grads):
   A ``lax.cond`` runs the update only when finite: measured on SmolLM2-135M (bfloat16 compute),
   selecting between the new and the old params and moments with ``where`` (and zeroing the
   gradients first) cost 150-250 ms per update, a full extra pass over every parameter-sized tree.
+  The trainer's optimiser (an ``OptimizerSpec``) runs as ``fused_apply`` (its ``update_norm`` is
+  ||p' - p||); any other optax transformation as ``update`` + ``apply_updates`` (||u||).
   """
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
   def update(_):
+    if isinstance(cfg.optimizer, OptimizerSpec):  # the trainer's AdamW: fewer passes, same math
+      return cfg.optimizer.fused_apply(grads, state.opt_state, state.params, grad_norm)
     updates, opt_state = cfg.optimizer.update(grads, state.opt_state, state.params)
     norm = optax.global_norm(updates).astype(jnp.float32)
     return optax.apply_updates(state.params, updates), opt_state, norm
