@@ -29,21 +29,27 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def processes_of_uid(uid: int) -> list[str]:
-  """Host processes whose real uid is ``uid`` (pid and command line)."""
+  """Live host processes whose real uid is ``uid`` (pid and command line). Zombies are left out:
+  they have exited and run nothing; only their exit status waits for a parent to reap it (under
+  load, the adoptive init of a killed PID namespace reaps them seconds later)."""
   found = []
   for entry in os.listdir("/proc"):
     try:
       with open(f"/proc/{entry}/status") as f:
-        line = next(x for x in f if x.startswith("Uid:"))
-      if int(line.split()[1]) == uid:
+        fields = dict(x.split(":", 1) for x in f if ":" in x)
+      if fields["State"].split()[0] == "Z":
+        continue
+      if int(fields["Uid"].split()[0]) == uid:
         with open(f"/proc/{entry}/cmdline", "rb") as f:
           found.append(f"{entry}: {f.read()[:100]!r}")
-    except (OSError, StopIteration, ValueError):
+    except (OSError, KeyError, ValueError):
       continue
   return found
 
 
-def assert_no_survivors(uid: int, wait_s: float = 2.0) -> None:
+def assert_no_survivors(uid: int, wait_s: float = 10.0) -> None:
+  """No live process of ``uid`` within ``wait_s`` (the sandboxed programs here run for 60 s or
+  more, so a survivor is still there; the wait covers SIGKILL delivery on a loaded machine)."""
   deadline = time.monotonic() + wait_s
   while processes_of_uid(uid) and time.monotonic() < deadline:
     time.sleep(0.05)
