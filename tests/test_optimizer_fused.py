@@ -47,13 +47,15 @@ def test_fused_apply_equals_the_optax_chain(kw, grad_scale):
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(key, len(leaves))
     grads = tree.unflatten(
-      [grad_scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+      [grad_scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]
     )
     updates, ref_s = spec.update(grads, ref_s, ref_p)
     ref_new = optax.apply_updates(ref_p, updates)
     fus_new, fus_s, update_norm = fused(grads, fus_s, fus_p, optax.global_norm(grads))
     assert jax.tree.structure(fus_s) == jax.tree.structure(ref_s)
-    for a, b in zip(jax.tree.leaves((fus_new, fus_s)), jax.tree.leaves((ref_new, ref_s))):
+    for a, b in zip(
+      jax.tree.leaves((fus_new, fus_s)), jax.tree.leaves((ref_new, ref_s)), strict=True
+    ):
       assert a.dtype == b.dtype
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=1e-7)
     applied = optax.global_norm(jax.tree.map(jnp.subtract, fus_new, fus_p))

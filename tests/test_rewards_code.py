@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+import sandbox_util
 
 from rlvr_jax import rewards
 from rlvr_jax.rewards import code_sandbox
@@ -19,20 +20,6 @@ FAST = SandboxLimits(timeout_s=2.0, cpu_s=2)
 
 def run_python(*args, **kwargs):
   return code_sandbox.run_python(*args, allow_weak_sandbox=WEAK, **kwargs)
-
-
-def _processes_of_uid(uid: int) -> list[int]:
-  """Host pids running as ``uid`` (real uid)."""
-  pids = []
-  for entry in os.listdir("/proc"):
-    try:
-      with open(f"/proc/{entry}/status") as f:
-        line = next(x for x in f if x.startswith("Uid:"))
-    except (OSError, StopIteration):
-      continue
-    if int(line.split()[1]) == uid:
-      pids.append(int(entry))
-  return pids
 
 
 def test_infinite_loop_hits_wall_clock():
@@ -71,7 +58,8 @@ def test_fork_bomb_is_bounded_and_cleaned_up():
   assert result.status == "timeout" and time.monotonic() - start < 4.0
   uid = int(result.stdout.splitlines()[0])
   assert uid != os.getuid() or WEAK
-  assert _processes_of_uid(uid) == [] or uid == os.getuid()  # every descendant was killed
+  # every descendant was killed (zombies included: nothing is left to reap them late here)
+  assert sandbox_util.processes_of_uid(uid, zombies=True) == {} or uid == os.getuid()
 
 
 def test_file_size_limit():
@@ -243,24 +231,7 @@ def test_weak_sandbox_path_still_decides_outside_and_kills_leftovers(monkeypatch
     program, tests=["assert f(1) == 2", "assert f(0) == 0"], allow_weak_sandbox=True, limits=FAST
   )
   assert result.test_passed == (False, True)
-  uid = int(result.stdout.split()[0])
-  deadline = time.monotonic() + 2
-  while time.monotonic() < deadline and _live_processes_of_uid(uid):
-    time.sleep(0.05)
-  assert _live_processes_of_uid(uid) == []
-
-
-def _live_processes_of_uid(uid: int) -> list[int]:
-  """Like _processes_of_uid, without zombies (killed, waiting to be reaped by init)."""
-  live = []
-  for pid in _processes_of_uid(uid):
-    try:
-      with open(f"/proc/{pid}/stat") as f:
-        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-          live.append(pid)
-    except OSError:
-      continue
-  return live
+  sandbox_util.assert_no_live_processes(int(result.stdout.split()[0]))
 
 
 @pytest.mark.skipif(not CAPS["strong"], reason="needs the strong sandbox to degrade from")

@@ -28,34 +28,6 @@ CAPS, FAST, run_python = sandbox_util.CAPS, sandbox_util.FAST, sandbox_util.run_
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def processes_of_uid(uid: int) -> list[str]:
-  """Live host processes whose real uid is ``uid`` (pid and command line). Zombies are left out:
-  they have exited and run nothing; only their exit status waits for a parent to reap it (under
-  load, the adoptive init of a killed PID namespace reaps them seconds later)."""
-  found = []
-  for entry in os.listdir("/proc"):
-    try:
-      with open(f"/proc/{entry}/status") as f:
-        fields = dict(x.split(":", 1) for x in f if ":" in x)
-      if fields["State"].split()[0] == "Z":
-        continue
-      if int(fields["Uid"].split()[0]) == uid:
-        with open(f"/proc/{entry}/cmdline", "rb") as f:
-          found.append(f"{entry}: {f.read()[:100]!r}")
-    except (OSError, KeyError, ValueError):
-      continue
-  return found
-
-
-def assert_no_survivors(uid: int, wait_s: float = 10.0) -> None:
-  """No live process of ``uid`` within ``wait_s`` (the sandboxed programs here run for 60 s or
-  more, so a survivor is still there; the wait covers SIGKILL delivery on a loaded machine)."""
-  deadline = time.monotonic() + wait_s
-  while processes_of_uid(uid) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  assert processes_of_uid(uid) == []
-
-
 def sandbox_uid(result) -> int:
   return int(result.stdout.split("UID=")[1].split()[0])
 
@@ -80,7 +52,7 @@ def test_setsid_daemon_dies_with_the_run():
   assert result.status == "ok"
   uid = sandbox_uid(result)
   assert uid != 0 and uid != os.getuid()
-  assert_no_survivors(uid)
+  sandbox_util.assert_no_live_processes(uid)
 
 
 def test_daemon_of_a_timed_out_program_dies():
@@ -101,7 +73,7 @@ def test_daemon_of_a_timed_out_program_dies():
   start = time.monotonic()
   result = run_python(program, limits=SandboxLimits(timeout_s=1.0, cpu_s=2))
   assert result.status == "timeout" and time.monotonic() - start < 3.0
-  assert_no_survivors(sandbox_uid(result))
+  sandbox_util.assert_no_live_processes(sandbox_uid(result))
 
 
 def test_killed_worker_leaves_no_process_and_no_directory():
@@ -137,7 +109,7 @@ def test_killed_worker_leaves_no_process_and_no_directory():
   assert uid is not None, "the sandboxed program never started"
   proc.kill()
   proc.wait()
-  assert_no_survivors(uid)
+  sandbox_util.assert_no_live_processes(uid)
   after = set(os.listdir(tempfile.gettempdir()))
   assert not [n for n in after - before if n.startswith("rlvr_sandbox") or n == "keep"]
 
