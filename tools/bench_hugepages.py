@@ -112,11 +112,18 @@ def _generate_call(cfg):
   return call
 
 
-def child(what: str, model_name: str, dtype: str, calls: int) -> dict:
+CALLS = {
+  "update": _update_call,
+  "update_chain": lambda cfg, groups: _update_call(cfg, fused=False, groups=groups),
+  "generate": lambda cfg, groups: _generate_call(cfg),
+}
+
+
+def child(what: str, model_name: str, dtype: str, calls: int, groups: int = PROMPTS) -> dict:
   import resource
 
   cfg = _model_config(model_name, dtype)
-  call = {"update": _update_call, "generate": _generate_call}[what](cfg)
+  call = CALLS[what](cfg, groups=groups)
   call()  # compiles
   times = []
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -129,6 +136,8 @@ def child(what: str, model_name: str, dtype: str, calls: int) -> dict:
 
 
 def run_child(what: str, setting: str, args) -> dict:
+  """``child`` in a fresh process, malloc huge pages ``setting`` ("on" / "off"); ``args`` has
+  model, dtype, calls and groups."""
   from rlvr_jax import host_memory
 
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -136,7 +145,7 @@ def run_child(what: str, setting: str, args) -> dict:
   if setting == "on":
     env["GLIBC_TUNABLES"] = host_memory.TUNABLE
   cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--model", args.model]
-  cmd += ["--dtype", args.dtype, "--calls", str(args.calls)]
+  cmd += ["--dtype", args.dtype, "--calls", str(args.calls), "--groups", str(args.groups)]
   out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
   if out.returncode != 0:
     raise RuntimeError(f"{what} ({setting}) failed:\n{out.stderr[-3000:]}")
@@ -150,10 +159,11 @@ def main():
   parser.add_argument("--what", default="update,generate")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--calls", type=int, default=5, help="timed calls per child process")
+  parser.add_argument("--groups", type=int, default=PROMPTS, help="prompts of GROUP rows")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
-    print(json.dumps(child(args.child, args.model, args.dtype, args.calls)))
+    print(json.dumps(child(args.child, args.model, args.dtype, args.calls, args.groups)))
     return
   from rlvr_jax import host_memory
 

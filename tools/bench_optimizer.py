@@ -1,16 +1,22 @@
 """The trainer's AdamW as ``OptimizerSpec.fused_apply`` against the optax chain it stands for,
-interleaved calls in one process.
+separate processes alternated.
 
   .venv/bin/python tools/bench_optimizer.py                   # SmolLM2 shapes, bfloat16
-  .venv/bin/python tools/bench_optimizer.py --model tiny --calls 2   # a quick check
+  .venv/bin/python tools/bench_optimizer.py --model tiny --rounds 1 --calls 2   # a quick check
 
-Two jitted train steps on the same model (tools/bench_hugepages.py's update: GRPO, AdamW with
-global-norm clip 1.0, remat, prompts shared per group), one with each optimiser path, on two
-batch sizes: 1 group of 4 rows (the model's FLOPs are small, so the optimiser's passes over the
-135M parameters dominate) and the TRL comparison's 4 groups (16 rows, 2 micro-batches). Calls
-alternate between the two paths; the table gives the median and range of each, and the median
-of the per-pair ratio chain / fused. Run it with the huge-page tunable in the environment to
-measure what ``python -m rlvr_jax.main`` runs (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``).
+Each round starts one child process per optimiser path, alternately (chain, fused, chain, ...).
+A child times ``--calls`` calls, after a compiling one, of one jitted train step
+(tools/bench_hugepages.py's update: GRPO, AdamW with global-norm clip 1.0, remat, prompts shared
+per group) on a randomly initialised model, with malloc huge pages on as ``python -m
+rlvr_jax.main`` runs. Two batch sizes: 1 group of 4 rows (the model's FLOPs are small, so the
+optimiser's passes over the 135M parameters dominate) and the TRL comparison's 4 groups (16 rows,
+2 micro-batches). The table gives per path the median and range of all its calls, and per round
+the ratio of the children's medians, chain / fused.
+
+Why processes, not one process alternating two compiled steps: with two SmolLM2 train states
+and two executables in one process the timings disagreed with separate processes (session 11:
+1.00x and 1.46x in one process where separate processes gave 1.03-1.08x), the allocator's state
+of one path leaking into the other's calls.
 """
 
 from __future__ import annotations
@@ -29,29 +35,28 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"))
   parser.add_argument("--dtype", default="bfloat16")
-  parser.add_argument("--calls", type=int, default=6, help="timed calls per path and batch")
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--calls", type=int, default=4, help="timed calls per child process")
   args = parser.parse_args()
-  print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
-        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}")  # fmt: skip
-  print("| rows | optimiser path | median s (range) | chain / fused per pair (range) |")
+  print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}")
+  print("| rows | optimiser path | median s (range) | chain / fused per round |")
   print("|---|---|---|---|")
-  cfg = hp._model_config(args.model, args.dtype)
   for groups in (1, hp.PROMPTS):
-    calls = {name: hp._update_call(cfg, fused=name == "fused", groups=groups)
-             for name in ("chain", "fused")}  # fmt: skip
-    times = {name: [] for name in calls}
-    for call in calls.values():
-      call()  # compiles
-    for _ in range(args.calls):
-      for name, call in calls.items():
-        t0 = time.perf_counter()
-        call()
-        times[name].append(time.perf_counter() - t0)
-    ratios = [a / b for a, b in zip(times["chain"], times["fused"], strict=True)]
-    for name, ts in times.items():
-      ratio = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-      print(f"| {groups * hp.GROUP} | {name} | {statistics.median(ts):.3f} ({min(ts):.3f}-"
-            f"{max(ts):.3f}) | {ratio if name == 'fused' else ''} |", flush=True)  # fmt: skip
+    child_args = argparse.Namespace(**vars(args), groups=groups)
+    res = {"update_chain": [], "update": []}
+    for _ in range(args.rounds):
+      for what in res:
+        res[what].append(hp.run_child(what, "on", child_args)["times"])
+    ratios = [
+      statistics.median(a) / statistics.median(b)
+      for a, b in zip(res["update_chain"], res["update"], strict=True)
+    ]
+    for what, runs in res.items():
+      times = [t for run in runs for t in run]
+      name = "fused" if what == "update" else "chain"
+      ratio = " ".join(f"{r:.3f}" for r in ratios) if name == "fused" else ""
+      print(f"| {groups * hp.GROUP} | {name} | {statistics.median(times):.3f} ({min(times):.3f}-"
+            f"{max(times):.3f}) | {ratio} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

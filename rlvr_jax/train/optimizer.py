@@ -106,15 +106,16 @@ class OptimizerSpec:
     """
     *_, (adam, decay_state, sched) = state
     clip = float(self.grad_clip)
-    keep = grad_norm < clip if clip > 0 else jnp.asarray(True)
     count = optax.safe_increment(adam.count)
     lr = make_schedule(self, self.decay_steps or 0)(sched.count)
     b1, b2, eps, wd = float(self.b1), float(self.b2), float(self.eps), float(self.weight_decay)
     bc1 = (1 - b1**count).astype(jnp.float32)
     bc2 = (1 - b2**count).astype(jnp.float32)
 
-    def clipped(g):
-      return jax.lax.select(keep, g, (g / grad_norm.astype(g.dtype)) * clip) if clip > 0 else g
+    def clipped(g):  # optax.clip_by_global_norm's select, with the norm given
+      if clip <= 0:
+        return g
+      return jax.lax.select(grad_norm < clip, g, (g / grad_norm.astype(g.dtype)) * clip)
 
     mu = jax.tree.map(lambda g, m: (1 - b1) * clipped(g) + b1 * m, grads, adam.mu)
     nu = jax.tree.map(lambda g, v: (1 - b2) * clipped(g) ** 2 + b2 * v, grads, adam.nu)
