@@ -93,16 +93,19 @@ class OptimizerSpec:
   def fused_apply(self, grads, state, params, grad_norm):
     """One step of ``make_optimizer``'s chain, applied: ``(params', state', update_norm)``.
 
-    The same math, the same state tree and the same elementwise operations in the same order as
-    ``update`` followed by ``optax.apply_updates`` (the clip rescales g by max_norm / ||g|| when
-    ||g|| >= max_norm; m' = (1-b1) g + b1 m, v' = (1-b2) g^2 + b2 v, p' = p - lr(k) (m' / (1 -
-    b1^t)) / (sqrt(v' / (1 - b2^t)) + eps) [- lr wd p]), written so that XLA:CPU, which fuses no
-    multi-output loops, passes over the parameter-sized trees as few times as it can: the clip
-    takes the caller's ``grad_norm`` instead of computing it again (inside the step's
-    ``lax.cond`` no common-subexpression elimination reaches it), the clipped gradient and the
-    update are not materialised, and ``update_norm`` is the norm of the change applied,
-    ``||p' - p||`` (read from p' and p: the optax update u is never written out; it differs
-    from ||u|| only by the rounding of p + u). Measured on SmolLM2: docs/benchmarks.md.
+    The same math and the same state tree as ``update`` followed by ``optax.apply_updates``: the
+    clip rescales g by max_norm / ||g|| when ||g|| >= max_norm; m' = (1-b1) g + b1 m,
+    v' = (1-b2) g^2 + b2 v, p' = p - lr(k) (m' / (1 - b1^t)) / (sqrt(v' / (1 - b2^t)) + eps)
+    [- lr wd p]. Written so that XLA:CPU, which fuses no multi-output loops, passes over the
+    parameter-sized trees as few times as it can:
+    - the clip is one scalar factor multiplied inside the loops of m' and v' (optax divides by
+      ||g|| per element and then multiplies, within an ulp of this; a divide XLA does not repeat
+      in two consumers, so it wrote g / ||g|| out as a tree of its own);
+    - the clip takes the caller's ``grad_norm`` instead of computing it again (inside the step's
+      ``lax.cond`` no common-subexpression elimination reaches it);
+    - the update is not materialised, and ``update_norm`` is the norm of the change applied,
+      ``||p' - p||`` (read from p' and p; it differs from ||u|| only by the rounding of p + u).
+    Measured on SmolLM2: docs/benchmarks.md.
     """
     *_, (adam, decay_state, sched) = state
     clip = float(self.grad_clip)
@@ -112,10 +115,16 @@ class OptimizerSpec:
     bc1 = (1 - b1**count).astype(jnp.float32)
     bc2 = (1 - b2**count).astype(jnp.float32)
 
-    def clipped(g):  # optax.clip_by_global_norm's select, with the norm given
-      if clip <= 0:
-        return g
-      return jax.lax.select(grad_norm < clip, g, (g / grad_norm.astype(g.dtype)) * clip)
+    # optax.clip_by_global_norm computes (g / ||g||) * max_norm per element; here one scalar
+    # factor (within an ulp of it), so that the clip is a multiply XLA repeats inside the fusions
+    # of m' and v' instead of a divide it writes out as a third parameter-sized tree.
+    if clip > 0:
+      scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm).astype(jnp.float32)
+    else:
+      scale = jnp.ones((), jnp.float32)
+
+    def clipped(g):
+      return g * scale.astype(g.dtype)
 
     mu = jax.tree.map(lambda g, m: (1 - b1) * clipped(g) + b1 * m, grads, adam.mu)
     nu = jax.tree.map(lambda g, v: (1 - b2) * clipped(g) ** 2 + b2 * v, grads, adam.nu)
