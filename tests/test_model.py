@@ -260,3 +260,37 @@ def test_bad_config_and_inputs_raise():
       config=config,
       cache=init_cache(config, 1, 2),
     )
+
+
+def test_bfloat16_cache_write_is_an_in_place_bit_update():
+  """A decode step with a bfloat16 cache writes the new keys / values as uint16 bit patterns:
+  the same buffers as a bfloat16 ``dynamic_update_slice`` bit for bit, and no float32 update of
+  a whole cache buffer in the compiled step (XLA:CPU's float normalisation turned the bfloat16
+  update into one, converting every layer's buffer twice per decode step)."""
+  import re
+
+  from rlvr_jax.model import decoder
+
+  config = ModelConfig.tiny(compute_dtype="bfloat16")
+  buf = jax.random.normal(jax.random.key(0), (2, 3, 4, 9)).astype(jnp.bfloat16)
+  new = jax.random.normal(jax.random.key(1), (2, 3, 4, 1))  # float32: rounded on the way in
+  starts = (0, 0, 0, jnp.int32(5))
+  np.testing.assert_array_equal(
+    np.asarray(decoder._write_slots(buf, new, starts)).view(np.uint16),
+    np.asarray(jax.lax.dynamic_update_slice(buf, new.astype(jnp.bfloat16), starts)).view(np.uint16),
+  )
+  params = init_params(config, jax.random.key(0))
+  cache = init_cache(config, B, S + 2)
+  assert cache.k[0].dtype == jnp.bfloat16
+  step = forward.lower(
+    params, _tokens(config, B, 1), jnp.zeros((B, 1), jnp.int32), config=config, cache=cache
+  )
+  hlo = step.compile().as_text()
+  shapes = {",".join(map(str, a.shape)) for a in (*cache.k, *cache.v)}
+  f32_updates = [
+    m for m in re.findall(r"f32\[([\d,]+)\]\S* dynamic-update-slice\(", hlo) if m in shapes
+  ]
+  assert f32_updates == [], f32_updates
+  assert any(re.search(rf"u16\[{s}\]\S* dynamic-update-slice\(", hlo) for s in shapes), (
+    "no uint16 cache update found"
+  )

@@ -175,6 +175,24 @@ def _cache_from_prompt(kv, stored, max_len: int, dtype) -> KVCache:
   return grow_cache(cache, max_len)
 
 
+def _write_slots(buffer: jax.Array, new: jax.Array, starts) -> jax.Array:
+  """``dynamic_update_slice(buffer, new, starts)``, on the bits for a 16-bit float buffer.
+
+  XLA:CPU has no bfloat16 dynamic-update-slice: its float normalisation rewrites one into a
+  float32 update between two conversions of the whole buffer, so every decode step read and wrote
+  every layer's cache in full (measured on SmolLM2). The same update of the uint16 bit patterns
+  is an integer one, done in place.
+  """
+  if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
+    return jax.lax.dynamic_update_slice(buffer, new.astype(buffer.dtype), starts)
+  bits = jax.lax.dynamic_update_slice(
+    jax.lax.bitcast_convert_type(buffer, jnp.uint16),
+    jax.lax.bitcast_convert_type(new.astype(buffer.dtype), jnp.uint16),
+    starts,
+  )
+  return jax.lax.bitcast_convert_type(bits, buffer.dtype)
+
+
 def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KVCache, collect):
   """The layers as an unrolled loop over per-layer weights and cache buffers.
 
@@ -190,8 +208,8 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
     q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
     # Only the S new entries are transposed into the buffer layouts, never the cache.
     k, v = to_cache_layout(k, v, ck.dtype)
-    ck = jax.lax.dynamic_update_slice(ck, k, (zero,) * 3 + (index,))
-    cv = jax.lax.dynamic_update_slice(cv, v, (zero, zero, index, zero))
+    ck = _write_slots(ck, k, (zero,) * 3 + (index,))
+    cv = _write_slots(cv, v, (zero, zero, index, zero))
     attn = L.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, num_kv_heads=K)
     x = _block_tail(lp, x, attn, config)
     new_k.append(ck)
