@@ -357,6 +357,41 @@ def test_swiglu_in_bfloat16_gates_the_float32_products_and_rounds_once():
   )
 
 
+def test_decode_loop_reads_the_unembedding_in_bfloat16():
+  """With tied embeddings the [D, V] unembedding is the transposed embedding; ``generate`` makes
+  it once per call in the compute dtype (``model.with_unembed``), so every decode step's logits
+  product is bfloat16 x bfloat16 (XLA:CPU ran the transposed form as a float32 product over a
+  float32 copy of the embedding). float32 params are left as they are."""
+  import re
+
+  from rlvr_jax.sampling import sampler
+
+  config = MIXED.replace(tie_word_embeddings=True)
+  params = model.init_params(config, jax.random.key(0))
+  assert "lm_head" not in params
+  assert model.with_unembed(params, F32.replace(tie_word_embeddings=True)) is params
+  cast = model.with_unembed(model.compute_params(params, config), config)
+  np.testing.assert_array_equal(cast["unembed"], params["embed"].T.astype(jnp.bfloat16))
+  hidden = jax.random.normal(jax.random.key(1), (3, config.hidden_size)).astype(jnp.bfloat16)
+  np.testing.assert_allclose(
+    model.logits_from_hidden(cast, hidden, config),
+    np.asarray(hidden, np.float32) @ np.asarray(cast["unembed"], np.float32),
+    rtol=1e-5, atol=1e-5,
+  )  # fmt: skip
+  prompts = jnp.ones((P, S), jnp.int32)
+  hlo = sampler.generate_jit.lower(
+    params, prompts, jnp.ones((P, S), bool), jnp.arange(P), jax.random.key(0),
+    jnp.zeros((1,), jnp.int32), config=config, strategy=sampling.Temperature(1.0),
+    num_samples=G, max_new_tokens=T, pad_id=0, phases=(S + T,),
+  ).compile().as_text()  # fmt: skip
+  dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
+  logits_dots = re.findall(
+    rf"= f32\[{P * G},{config.vocab_size}\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo
+  )
+  assert logits_dots, "no decode logits product found"
+  assert {(dtypes[a], dtypes[b]) for a, b in logits_dots} == {("bf16", "bf16")}
+
+
 def test_mixed_train_step_runs_every_matmul_on_bfloat16_operands():
   """The speed contract of mixed precision: in the compiled train step every dot is bfloat16 x
   bfloat16 with a float32 result: the 7 weight matmuls of a layer (forward and both backward

@@ -4,7 +4,7 @@ Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
   KVCache, init_cache, grow_cache, forward, forward_into_new_cache, forward_shared_prompt, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
-  unstack_layers, layer_params, compute_params (the bfloat16 copy of mixed precision),
+  unstack_layers, with_unembed, layer_params, compute_params (the bfloat16 copy of mixed precision),
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
 Loading, export and the tokenizer import ``transformers`` / ``safetensors`` / ``gguf`` lazily, so
@@ -28,6 +28,7 @@ from rlvr_jax.model.decoder import (
   logits_from_hidden,
   unembed_matrix,
   unstack_layers,
+  with_unembed,
 )
 from rlvr_jax.model.params import (
   ParamSpec,
@@ -86,5 +87,6 @@ __all__ = [
   "param_specs",
   "unembed_matrix",
   "unstack_layers",
+  "with_unembed",
   *_LAZY,
 ]

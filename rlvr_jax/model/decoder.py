@@ -30,10 +30,24 @@ Params = dict[str, Any]
 
 def unembed_matrix(params: Params, config: ModelConfig) -> jax.Array:
   """The [D, V] unembedding in the compute dtype (``config.activation_dtype``): the transposed
-  token embedding when tied, else ``lm_head``."""
+  token embedding when tied, else ``lm_head``; ``params["unembed"]`` when ``with_unembed`` put
+  it there."""
+  if "unembed" in params:
+    return params["unembed"]
   w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
   dtype = jnp.dtype(config.activation_dtype)
   return w if w.dtype == dtype else w.astype(dtype)
+
+
+def with_unembed(params: Params, config: ModelConfig) -> Params:
+  """``params`` plus ``"unembed"``: ``unembed_matrix`` materialised, for a loop that computes
+  logits at every step (decoding). Only in low precision: XLA:CPU runs a bfloat16 product whose
+  weight operand is the transposed [V, D] embedding as a float32 one, on a float32 copy of the
+  embedding (per decode step, twice the bytes of the bfloat16 [D, V] matrix); a float32 product
+  reads the transposed operand in place, so float32 params are returned as they are."""
+  if jnp.dtype(config.activation_dtype) == jnp.float32 or "unembed" in params:
+    return params
+  return dict(params, unembed=unembed_matrix(params, config))
 
 
 def logits_from_hidden(params: Params, hidden: jax.Array, config: ModelConfig) -> jax.Array:

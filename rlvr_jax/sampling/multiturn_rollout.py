@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from rlvr_jax.envs import EnvPool, Episode, collate
-from rlvr_jax.model import ModelConfig, compute_params, unstack_layers
+from rlvr_jax.model import ModelConfig, compute_params, unstack_layers, with_unembed
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling import multiturn as mt
 from rlvr_jax.sampling.sampler import DEFAULT_BUCKETS, bucket_length
@@ -56,9 +56,14 @@ class EpisodeBatch:
     return out
 
 
-# The decode layout, once per rollout: per-layer weights, in the compute dtype (mixed precision).
-_unstack = jax.jit(lambda params, config: unstack_layers(compute_params(params, config), config),
-                   static_argnums=1)  # fmt: skip
+# The decode layout, once per rollout: per-layer weights, in the compute dtype (mixed precision),
+# with the materialised unembedding (``with_unembed``).
+_unstack = jax.jit(
+  lambda params, config: with_unembed(
+    unstack_layers(compute_params(params, config), config), config
+  ),
+  static_argnums=1,
+)
 
 
 def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, buckets) -> tuple[np.ndarray, np.ndarray]:

@@ -40,6 +40,7 @@ from rlvr_jax.model import (
   grow_cache,
   logits_from_hidden,
   unstack_layers,
+  with_unembed,
 )
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling.strategies import Greedy, Strategy, per_row_log_probs
@@ -160,9 +161,11 @@ def prefill(params, tokens, mask, *, config: ModelConfig, cache_len: int):
 def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfig):
   """One decode step with a donated cache: tokens [B], positions [B] -> (logits [B, V] f32, cache).
 
-  In a host loop pass ``model.unstack_layers(model.compute_params(params, config), config)``
-  (once): with stacked params every call copies each layer's weights out of the stack first, and
-  with float32 params under a bfloat16 ``compute_dtype`` every call casts them. (``prefill`` runs
+  In a host loop pass ``model.with_unembed(model.unstack_layers(model.compute_params(params,
+  config), config), config)`` (once): with stacked params every call copies each layer's weights
+  out of the stack first, with float32 params under a bfloat16 ``compute_dtype`` every call
+  casts them, and without ``with_unembed`` a bfloat16 call reads a float32 copy of the tied
+  embedding for its logits. (``prefill`` runs
   the stacked layer scan: give it the stacked params; unstacked ones are re-stacked.)
   """
   if tokens.shape != positions.shape or tokens.ndim != 1:
@@ -278,7 +281,7 @@ def _generate(
   )
   # Per-layer weights for the decode loop, sliced once here instead of out of the stack at every
   # decode step.
-  params = unstack_layers(params, config)
+  params = with_unembed(unstack_layers(params, config), config)
   repeat = lambda a: _constrain_rows(jnp.repeat(a, G, axis=0))
   logits, start, cache = repeat(logits), repeat(start), _map_cache_rows(repeat, cache)
 
