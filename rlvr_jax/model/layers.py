@@ -219,53 +219,6 @@ def swiglu_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Arr
   Returns:
     [B, S, D].
   """
-  if x.dtype == jnp.float32 and w_gate.dtype == jnp.float32 and w_up.dtype == jnp.float32:
-    gate = linear("bsd,df->bsf", x, w_gate)
-    up = linear("bsd,df->bsf", x, w_up)
-    return linear("bsf,fd->bsd", jax.nn.silu(gate) * up, w_down)
-  return linear(
-    "bsf,fd->bsd", _swiglu_hidden(jnp.dtype(w_gate.dtype).name, x, w_gate, w_up), w_down
-  )
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _swiglu_hidden(w_dtype, x, w_gate, w_up):
-  """silu(x W_gate) * (x W_up) for low-precision x, rounded once to the dtype of x.
-
-  The two products accumulate in float32 (``lowp_einsum``'s rule) and the gate is applied to
-  their unrounded float32 results; the backward pass, a custom VJP, computes the cotangents of
-  both products in float32 from them and rounds each once. Besides the accuracy, measured on
-  XLA:CPU (bfloat16): the plain form rounded gate and up to bfloat16 and the result of every
-  elementwise step of silu and the product, a chain of conversions that cost as much as a
-  product of its own, in the forward pass and again in the backward pass.
-  """
-  return _swiglu_hidden_fwd(w_dtype, x, w_gate, w_up)[0]
-
-
-def _swiglu_hidden_fwd(w_dtype, x, w_gate, w_up):
-  w_gate, w_up = w_gate.astype(x.dtype), w_up.astype(x.dtype)
-  gate = jnp.einsum("bsd,df->bsf", x, w_gate, preferred_element_type=jnp.float32)
-  up = jnp.einsum("bsd,df->bsf", x, w_up, preferred_element_type=jnp.float32)
-  # Residuals in the dtype of x (as the plain form kept them): half the float32 memory.
-  return (jax.nn.silu(gate) * up).astype(x.dtype), (x, w_gate, w_up, gate.astype(x.dtype),
-                                                     up.astype(x.dtype))  # fmt: skip
-
-
-def _swiglu_hidden_bwd(w_dtype, res, g):
-  x, w_gate, w_up, gate, up = res
-  gate, up, g = gate.astype(jnp.float32), up.astype(jnp.float32), g.astype(jnp.float32)
-  sig = jax.nn.sigmoid(gate)
-  # d silu(a) / da = s (1 + a (1 - s)), s = sigmoid(a)
-  d_gate = (g * up * sig * (1.0 + gate * (1.0 - sig))).astype(x.dtype)
-  d_up = (g * gate * sig).astype(x.dtype)
-  dx = _einsum_round("bsf,df->bsd", d_gate, w_gate, jnp.float32) + _einsum_round(
-    "bsf,df->bsd", d_up, w_up, jnp.float32
-  )
-  return (
-    dx.astype(x.dtype),
-    _einsum_round("bsd,bsf->df", x, d_gate, w_dtype),
-    _einsum_round("bsd,bsf->df", x, d_up, w_dtype),
-  )
-
-
-_swiglu_hidden.defvjp(_swiglu_hidden_fwd, _swiglu_hidden_bwd)
+  gate = linear("bsd,df->bsf", x, w_gate)
+  up = linear("bsd,df->bsf", x, w_up)
+  return linear("bsf,fd->bsd", jax.nn.silu(gate) * up, w_down)
