@@ -322,42 +322,24 @@ def _shared_prompt_layers(params, xp, xc, rope_p, rope_c, masks, config: ModelCo
   """Scans the stacked layers over the two streams of ``forward_shared_prompt``: the P prompts
   [P, Sp, D] and the B = P * G completions [B, T, D]. Completion queries attend to their group's
   prompt keys / values (repeated G times; the transpose of the repeat sums the G cotangents) and,
-  causally, to their own row's completion keys.
-
-  Everything but attention acts on each token alone, so the layer runs the norms, projections and
-  MLP on the two streams' tokens as one [P Sp + B T, D] matrix and splits it for attention only:
-  one product per weight instead of two (XLA:CPU runs the prompts' thin one at a fraction of the
-  speed of the completions') and one weight gradient, not two that the backward pass adds.
-  """
+  causally, to their own row's completion keys."""
   K = config.num_kv_heads
   prompt_mask, completion_mask = masks
-  P, Sp, D = xp.shape
-  B, T, _ = xc.shape
-  n_p = P * Sp
 
-  def flat(a_p, a_c):  # [P, Sp, ...], [B, T, ...] -> [1, P Sp + B T, ...]
-    return jnp.concatenate(
-      [a_p.reshape(1, n_p, *a_p.shape[2:]), a_c.reshape(1, B * T, *a_c.shape[2:])], axis=1
-    )
-
-  def split(a):  # the inverse of flat
-    return a[0, :n_p].reshape(P, Sp, *a.shape[2:]), a[0, n_p:].reshape(B, T, *a.shape[2:])
-
-  cos, sin = flat(rope_p[0], rope_c[0]), flat(rope_p[1], rope_c[1])
-
-  def layer(x, lp):
-    q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
-    (qp, qc), (kp, kc), (vp, vc) = split(q), split(k), split(v)
-    attn_p = L.attention(qp, kp, vp, prompt_mask, num_kv_heads=K)
+  def layer(carry, lp):
+    xp, xc = carry
+    qp, kp, vp = _qkv(lp, _norm(xp, lp["attn_norm"], config), *rope_p, config)
+    qc, kc, vc = _qkv(lp, _norm(xc, lp["attn_norm"], config), *rope_c, config)
+    xp = _block_tail(lp, xp, L.attention(qp, kp, vp, prompt_mask, num_kv_heads=K), config)
     k = jnp.concatenate([jnp.repeat(kp, G, axis=0), kc], axis=1)
     v = jnp.concatenate([jnp.repeat(vp, G, axis=0), vc], axis=1)
-    attn_c = L.attention(qc, k, v, completion_mask, num_kv_heads=K)
-    return _block_tail(lp, x, flat(attn_p, attn_c), config), None
+    xc = _block_tail(lp, xc, L.attention(qc, k, v, completion_mask, num_kv_heads=K), config)
+    return (xp, xc), None
 
   if config.remat:
     layer = jax.checkpoint(layer)
-  x, _ = jax.lax.scan(layer, flat(xp, xc), _stacked(params, config))
-  return split(x)
+  (xp, xc), _ = jax.lax.scan(layer, (xp, xc), _stacked(params, config))
+  return xp, xc
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
