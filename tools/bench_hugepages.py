@@ -41,11 +41,11 @@ def _model_config(name: str, dtype: str):
   return model.ModelConfig.tiny(**shapes, compute_dtype=dtype, remat=True)
 
 
-def _update_call(cfg, *, fused: bool = True, groups: int = PROMPTS):
+def _update_call(cfg, *, fused: bool = True, groups: int = PROMPTS, chunk_size: int = 128):
   """A function that runs one jitted train step on the TRL comparison's shape (``groups``
-  prompts x GROUP samples): the trainer's optimiser (``OptimizerSpec``, whose update runs as
-  ``fused_apply``) or, ``fused=False``, the optax chain it stands for (``update`` +
-  ``apply_updates``)."""
+  prompts x GROUP samples, log-prob token tiles of ``chunk_size``): the trainer's optimiser
+  (``OptimizerSpec``, whose update runs as ``fused_apply``) or, ``fused=False``, the optax chain
+  it stands for (``update`` + ``apply_updates``)."""
   import jax
   import jax.numpy as jnp
   import ml_collections
@@ -64,7 +64,7 @@ def _update_call(cfg, *, fused: bool = True, groups: int = PROMPTS):
   opt = opt if fused else opt.transformation
   step = step_lib.make_train_step(
     model_config=cfg, optimizer=opt, objective="grpo", on_policy=True,
-    num_microbatches=min(2, groups), prompt_group=GROUP,
+    num_microbatches=min(2, groups), prompt_group=GROUP, chunk_size=chunk_size,
   )  # fmt: skip
   rows = groups * GROUP
   rng = np.random.default_rng(0)
