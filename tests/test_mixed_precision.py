@@ -305,12 +305,21 @@ def test_linear_backward_accumulates_in_float32():
     np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=2**-8, atol=1e-6)
 
 
+def _dots(hlo: str) -> list[tuple[str, str, str, str]]:
+  """(lhs dtype, rhs dtype, result dtype, result shape "d0,d1,...") of every dot in compiled HLO
+  text."""
+  import re
+
+  dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
+  dots = re.findall(r"= (\w+)\[([\d,]*)\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo)
+  return [(dtypes[a], dtypes[b], out, shape) for out, shape, a, b in dots]
+
+
 def test_decode_loop_reads_the_unembedding_in_bfloat16():
   """With tied embeddings the [D, V] unembedding is the transposed embedding; ``generate`` makes
   it once per call in the compute dtype (``model.with_unembed``), so every decode step's logits
   product is bfloat16 x bfloat16 (XLA:CPU ran the transposed form as a float32 product over a
   float32 copy of the embedding). float32 params are left as they are."""
-  import re
 
   from rlvr_jax.sampling import sampler
 
@@ -332,12 +341,13 @@ def test_decode_loop_reads_the_unembedding_in_bfloat16():
     jnp.zeros((1,), jnp.int32), config=config, strategy=sampling.Temperature(1.0),
     num_samples=G, max_new_tokens=T, pad_id=0, phases=(S + T,),
   ).compile().as_text()  # fmt: skip
-  dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
-  logits_dots = re.findall(
-    rf"= f32\[{P * G},{config.vocab_size}\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo
-  )
+  logits_dots = [
+    (a, b)
+    for a, b, out, shape in _dots(hlo)
+    if (out, shape) == ("f32", f"{P * G},{config.vocab_size}")
+  ]
   assert logits_dots, "no decode logits product found"
-  assert {(dtypes[a], dtypes[b]) for a, b in logits_dots} == {("bf16", "bf16")}
+  assert set(logits_dots) == {("bf16", "bf16")}
 
 
 def test_mixed_train_step_runs_every_matmul_on_bfloat16_operands():
@@ -348,7 +358,6 @@ def test_mixed_train_step_runs_every_matmul_on_bfloat16_operands():
   result into a float32 dot (about 4x slower here than its bfloat16 kernel), and so it does with
   a dot of a float32 cotangent or of a transposed bfloat16 operand (``layers.lowp_einsum``,
   ``logprobs.tiles.backward_tile``)."""
-  import re
 
   opt = OPTIMIZERS["sgd"]
   step = step_lib.make_train_step(model_config=MIXED, optimizer=opt, objective="grpo")
@@ -356,8 +365,6 @@ def test_mixed_train_step_runs_every_matmul_on_bfloat16_operands():
   state = init_state(_params(), opt, jax.random.key(1))
   args = (state, batch, num_tokens, num_seqs, jax.random.key(2))
   hlo = step.func.lower(*args, **step.keywords).compile().as_text()
-  dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
-  dots = re.findall(r"= (\w+)\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo)
-  operand_types = [(dtypes[a], dtypes[b], out) for out, a, b in dots]
+  operand_types = [(a, b, out) for a, b, out, _ in _dots(hlo)]
   assert len(operand_types) >= 7 * 3 + 6 + 3, operand_types
   assert set(operand_types) == {("bf16", "bf16", "f32")}, operand_types
