@@ -114,16 +114,18 @@ def _generate_call(cfg):
 
 CALLS = {
   "update": _update_call,
-  "update_chain": lambda cfg, groups: _update_call(cfg, fused=False, groups=groups),
-  "generate": lambda cfg, groups: _generate_call(cfg),
+  "update_chain": lambda cfg, **kw: _update_call(cfg, fused=False, **kw),
+  "generate": lambda cfg, **kw: _generate_call(cfg),
 }
 
 
-def child(what: str, model_name: str, dtype: str, calls: int, groups: int = PROMPTS) -> dict:
+def child(what: str, model_name: str, dtype: str, calls: int, **shape) -> dict:
+  """Times ``calls`` calls of ``CALLS[what]`` after a compiling one, in this process; ``shape``:
+  the update's ``groups`` / ``chunk_size``."""
   import resource
 
   cfg = _model_config(model_name, dtype)
-  call = CALLS[what](cfg, groups=groups)
+  call = CALLS[what](cfg, **shape)
   call()  # compiles
   times = []
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -163,7 +165,7 @@ def main():
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
-    print(json.dumps(child(args.child, args.model, args.dtype, args.calls, args.groups)))
+    print(json.dumps(child(args.child, args.model, args.dtype, args.calls, groups=args.groups)))
     return
   from rlvr_jax import host_memory
 

@@ -47,26 +47,25 @@ def parse_variant(text: str) -> tuple[str, int]:
 
 
 def child(root: str, what: str, model_name: str, dtype: str, chunk: int, calls: int) -> list:
-  sys.path.insert(0, root)  # the revision's rlvr_jax; the call builders are this checkout's
+  """The call times of ``bench_hugepages.child`` (this checkout's call builders) run on the
+  ``rlvr_jax`` of the tree at ``root``."""
+  sys.path.insert(0, root)
   sys.path.insert(1, HERE)
   import bench_hugepages as hp
 
-  cfg = hp._model_config(model_name, dtype)
-  call = hp._update_call(cfg, chunk_size=chunk) if what == "update" else hp._generate_call(cfg)
-  call()  # compiles
-  times = []
-  for _ in range(calls):
-    t0 = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - t0)
-  return times
+  shape = {"chunk_size": chunk} if what == "update" else {}
+  return hp.child(what, model_name, dtype, calls, **shape)["times"]
+
+
+def worktree_path(rev: str, folder: str) -> str:
+  return os.path.join(folder, rev.replace("/", "_").replace("~", "-").replace("^", "-"))
 
 
 def checkout(rev: str, folder: str) -> str:
   """The directory holding ``rev``'s tree: the working tree for WORKTREE, else a worktree."""
   if rev == "WORKTREE":
     return ROOT
-  path = os.path.join(folder, rev.replace("/", "_").replace("~", "-").replace("^", "-"))
+  path = worktree_path(rev, folder)
   if not os.path.isdir(path):
     subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", path, rev], check=True)
   return path
@@ -116,7 +115,7 @@ def main():
       print(f"| {text} | {', '.join(f'{m:.3f}' for m in ms)} | {ratios} |")
   finally:
     for rev, _ in variants:
-      path = os.path.join(folder, rev.replace("/", "_").replace("~", "-").replace("^", "-"))
+      path = worktree_path(rev, folder)
       if os.path.isdir(path):
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path], check=False)
     shutil.rmtree(folder, ignore_errors=True)
