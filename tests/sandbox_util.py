@@ -1,5 +1,8 @@
 """Shared by the sandbox tests: the host's sandbox capabilities, the skip when the strong sandbox
-is unavailable, and a fast ``run_python``."""
+is unavailable, a fast ``run_python``, and the look-up of a sandbox uid's leftover processes."""
+
+import os
+import time
 
 import pytest
 
@@ -24,8 +27,6 @@ def processes_of_uid(uid: int, *, zombies: bool = False) -> dict[int, bytes]:
   Zombies are left out unless ``zombies``: they have exited and run nothing; only their exit
   status waits for a parent to reap it (under load, the adoptive init of a killed PID namespace
   reaps them seconds later)."""
-  import os
-
   found = {}
   for entry in os.listdir("/proc"):
     try:
@@ -45,8 +46,6 @@ def processes_of_uid(uid: int, *, zombies: bool = False) -> dict[int, bytes]:
 def assert_no_live_processes(uid: int, wait_s: float = 10.0) -> None:
   """No live process of ``uid`` within ``wait_s`` (the wait covers SIGKILL delivery on a loaded
   machine; the sandboxed programs of these tests run far longer, so a survivor is still there)."""
-  import time
-
   deadline = time.monotonic() + wait_s
   while processes_of_uid(uid) and time.monotonic() < deadline:
     time.sleep(0.05)

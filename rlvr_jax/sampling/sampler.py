@@ -165,8 +165,8 @@ def decode_step(params, cache: KVCache, tokens, positions, *, config: ModelConfi
   config), config), config)`` (once): with stacked params every call copies each layer's weights
   out of the stack first, with float32 params under a bfloat16 ``compute_dtype`` every call
   casts them, and without ``with_unembed`` a bfloat16 call reads a float32 copy of the tied
-  embedding for its logits. (``prefill`` runs
-  the stacked layer scan: give it the stacked params; unstacked ones are re-stacked.)
+  embedding for its logits. (``prefill`` runs the stacked layer scan: give it the stacked
+  params; unstacked ones are re-stacked.)
   """
   if tokens.shape != positions.shape or tokens.ndim != 1:
     raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} must both be [B]")

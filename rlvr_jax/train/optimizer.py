@@ -118,13 +118,10 @@ class OptimizerSpec:
     # optax.clip_by_global_norm computes (g / ||g||) * max_norm per element; here one scalar
     # factor (within an ulp of it), so that the clip is a multiply XLA repeats inside the fusions
     # of m' and v' instead of a divide it writes out as a third parameter-sized tree.
-    if clip > 0:
-      scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm).astype(jnp.float32)
-    else:
-      scale = jnp.ones((), jnp.float32)
+    scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm).astype(jnp.float32)
 
     def clipped(g):
-      return g * scale.astype(g.dtype)
+      return g * scale.astype(g.dtype) if clip > 0 else g
 
     mu = jax.tree.map(lambda g, m: (1 - b1) * clipped(g) + b1 * m, grads, adam.mu)
     nu = jax.tree.map(lambda g, v: (1 - b2) * clipped(g) ** 2 + b2 * v, grads, adam.nu)
