@@ -1,5 +1,7 @@
 """Decoder forward: KV-cache decoding, padding invariance, masks, config and shape errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -179,6 +181,63 @@ def test_remat_same_value_and_grad():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+def test_bfloat16_layers_keep_float32_matmul_outputs_for_the_backward_pass():
+  """With bfloat16 activations and no remat, the layer scan keeps the float32 matmul outputs for
+  the backward pass (``decoder._differentiable``): the same value and gradients as full remat,
+  and no bfloat16 [L, ...] stack in the compiled gradient that XLA:CPU updates as float32 (it
+  converted each such stack to float32 and back at every layer: a 2.7x slower SmolLM2 update)."""
+  config = CONFIG.replace(compute_dtype="bfloat16", num_layers=4)
+  params = _params(config)
+  tokens, pos = _tokens(config, B, S), _arange()
+
+  def loss(p, cfg):
+    logits, _ = forward(p, tokens, pos, config=cfg, return_logits=True)
+    return jnp.mean(jax.nn.logsumexp(logits, -1))
+
+  value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  v1, g1 = value_and_grad(params, config)
+  v2, g2 = value_and_grad(params, config.replace(remat=True))
+  np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  hlo = value_and_grad.lower(params, config).compile().as_text()
+  assert _widened_stack_updates(hlo, config.num_layers) == []
+
+
+def _widened_stack_updates(hlo: str, L: int) -> list[str]:
+  """The fused computations of compiled ``hlo`` that update a bfloat16 [L, ...] stack as float32
+  (XLA:CPU's rewrite of a bfloat16 ``dynamic_update_slice``: the whole stack converted to
+  float32 and back). Asserts that the module updates some [L, ...] stack at all."""
+  computations = re.findall(r"^%\S+ \(.*?\n\}", hlo, re.M | re.S)
+  stack_update = rf"[fu]\d+\[{L},[\d,]+\]\S* dynamic-update-slice\("
+  updates = [c for c in computations if re.search(stack_update, c)]
+  assert updates, "no update of an [L, ...] stack found: the check tests nothing"
+  widened = rf"ROOT \S+ = bf16\[{L},[\d,]+\]\S* convert\("
+  return [c for c in updates if re.search(widened, c)]
+
+
+def test_bfloat16_prefill_stacks_keys_and_values_as_bits():
+  """The scan path's prefill in bfloat16 stacks the layers' keys / values as uint16 bits
+  (``decoder._to_bits``): the same cache as the cached path, and no widened stack update."""
+  config = CONFIG.replace(compute_dtype="bfloat16", num_layers=4)
+  params = _params(config)
+  tokens, positions, _ = _padded_batch()
+  _, cache = forward_into_new_cache(params, tokens, positions, config=config, max_len=S + 3)
+  _, ref = forward(params, tokens, positions, config=config, cache=init_cache(config, B, S + 3))
+  filled = np.asarray(cache.positions) >= 0
+  for a, b in zip(cache.k + cache.v, ref.k + ref.v, strict=True):
+    assert a.dtype == b.dtype == jnp.bfloat16
+    axis = 3 if a.shape[-1] == S + 3 else 2  # k [B, K, H, S_max], v [B, K, S_max, H]
+    a, b = (np.moveaxis(np.asarray(x, np.float32), axis, 1)[filled] for x in (a, b))
+    np.testing.assert_allclose(a, b, atol=3e-2, rtol=3e-2)
+  hlo = (
+    forward_into_new_cache.lower(params, tokens, positions, config=config, max_len=S + 3)
+    .compile()
+    .as_text()
+  )
+  assert _widened_stack_updates(hlo, config.num_layers) == []
+
+
 def test_llama3_rope_scaling_golden():
   """Llama-3 scaling: high freqs kept, low freqs divided by factor, medium interpolated."""
   scaling = dict(
@@ -267,8 +326,6 @@ def test_bfloat16_cache_write_is_an_in_place_bit_update():
   the same buffers as a bfloat16 ``dynamic_update_slice`` bit for bit, and no float32 update of
   a whole cache buffer in the compiled step (XLA:CPU's float normalisation turned the bfloat16
   update into one, converting every layer's buffer twice per decode step)."""
-  import re
-
   from rlvr_jax.model import decoder
 
   config = ModelConfig.tiny(compute_dtype="bfloat16")

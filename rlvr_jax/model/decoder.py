@@ -155,6 +155,27 @@ def _check_inputs(params: Params, tokens, positions, config: ModelConfig, cache)
       raise ValueError(f"{S} new tokens do not fit a cache of length {cache.max_len}")
 
 
+def _differentiable(layer, config: ModelConfig):
+  """The scanned layer function with what its backward pass keeps from the forward.
+
+  ``config.remat``: nothing but the layer's input (``jax.checkpoint``: the whole layer runs again
+  in the backward pass). Otherwise, in float32, every intermediate the backward pass reads. With
+  bfloat16 activations and no remat, the matmul outputs only (``checkpoint_dots``: float32, as
+  ``layers.lowp_einsum`` returns them); the elementwise work between them (norms, RoPE, SiLU,
+  the bfloat16 casts) runs again. The scan stacks the kept values into [L, ...] buffers one layer
+  at a time, and XLA:CPU (jaxlib 0.10.2) runs that ``dynamic_update_slice`` on a bfloat16 stack
+  as a float32 update of the whole stack (converted there and back at every layer): keeping the
+  bfloat16 intermediates made a bfloat16 SmolLM2 update 2.7x slower than full remat
+  (docs/benchmarks.md, session 13), keeping the float32 matmul outputs makes it faster than both.
+  Values and gradients are the same in every mode (what is recomputed is recomputed exactly).
+  """
+  if config.remat:
+    return jax.checkpoint(layer)
+  if config.activation_dtype != "float32":
+    return jax.checkpoint(layer, policy=jax.checkpoint_policies.checkpoint_dots)
+  return layer
+
+
 def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool, keep_kv=False):
   """Scans the stacked layers (no cache).
 
@@ -165,12 +186,26 @@ def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool, k
   def layer(x, lp):
     q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
     attn = L.attention(q, k, v, mask, num_kv_heads=K)
-    return _block_tail(lp, x, attn, config), (x if collect else None, (k, v) if keep_kv else None)
+    kept = (x if collect else None, (k, v) if keep_kv else None)
+    return _block_tail(lp, x, attn, config), jax.tree.map(_to_bits, kept)
 
-  if config.remat:
-    layer = jax.checkpoint(layer)
-  x, (seen, kv) = jax.lax.scan(layer, x, _stacked(params, config))
+  x, kept = jax.lax.scan(_differentiable(layer, config), x, _stacked(params, config))
+  seen, kv = jax.tree.map(_from_bits, kept)
   return x, seen, kv
+
+
+def _to_bits(x: jax.Array) -> jax.Array:
+  """A bfloat16 array as its uint16 bit patterns (else as it is), for a scan to stack: XLA:CPU
+  stacks bfloat16 scan outputs with a float32 update of the whole [L, ...] stack per layer (see
+  ``_write_slots``); stacking the bits is an in-place integer update."""
+  return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
+
+
+def _from_bits(stacked: jax.Array) -> jax.Array:
+  """``_to_bits`` undone (the layers' outputs are floats: uint16 can only be bits)."""
+  return (
+    jax.lax.bitcast_convert_type(stacked, jnp.bfloat16) if stacked.dtype == jnp.uint16 else stacked
+  )
 
 
 def _cache_from_prompt(kv, stored, max_len: int, dtype) -> KVCache:
@@ -336,9 +371,7 @@ def _shared_prompt_layers(params, xp, xc, rope_p, rope_c, masks, config: ModelCo
     xc = _block_tail(lp, xc, L.attention(qc, k, v, completion_mask, num_kv_heads=K), config)
     return (xp, xc), None
 
-  if config.remat:
-    layer = jax.checkpoint(layer)
-  (xp, xc), _ = jax.lax.scan(layer, (xp, xc), _stacked(params, config))
+  (xp, xc), _ = jax.lax.scan(_differentiable(layer, config), (xp, xc), _stacked(params, config))
   return xp, xc
 
 
