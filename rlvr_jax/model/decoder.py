@@ -165,9 +165,9 @@ def _differentiable(layer, config: ModelConfig):
   the bfloat16 casts) runs again. The scan stacks the kept values into [L, ...] buffers one layer
   at a time, and XLA:CPU (jaxlib 0.10.2) runs that ``dynamic_update_slice`` on a bfloat16 stack
   as a float32 update of the whole stack (converted there and back at every layer): keeping the
-  bfloat16 intermediates made a bfloat16 SmolLM2 update 2.7x slower than full remat
-  (docs/benchmarks.md, session 13), keeping the float32 matmul outputs makes it faster than both.
-  Values and gradients are the same in every mode (what is recomputed is recomputed exactly).
+  bfloat16 intermediates made a bfloat16 SmolLM2 update 2.1x slower than full remat
+  (docs/benchmarks.md, session 13); keeping the float32 matmul outputs makes it at least as fast
+  as full remat. Values and gradients are the same in every mode (tests/test_model.py).
   """
   if config.remat:
     return jax.checkpoint(layer)
