@@ -13,6 +13,7 @@ scaled x5 so that the next-token distributions are far from uniform, log-probs -
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -308,8 +309,6 @@ def test_linear_backward_accumulates_in_float32():
 def _dots(hlo: str) -> list[tuple[str, str, str, str]]:
   """(lhs dtype, rhs dtype, result dtype, result shape "d0,d1,...") of every dot in compiled HLO
   text."""
-  import re
-
   dtypes = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
   dots = re.findall(r"= (\w+)\[([\d,]*)\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo)
   return [(dtypes[a], dtypes[b], out, shape) for out, shape, a, b in dots]
@@ -320,7 +319,6 @@ def test_decode_loop_reads_the_unembedding_in_bfloat16():
   it once per call in the compute dtype (``model.with_unembed``), so every decode step's logits
   product is bfloat16 x bfloat16 (XLA:CPU ran the transposed form as a float32 product over a
   float32 copy of the embedding). float32 params are left as they are."""
-
   from rlvr_jax.sampling import sampler
 
   config = MIXED.replace(tie_word_embeddings=True)
@@ -358,7 +356,6 @@ def test_mixed_train_step_runs_every_matmul_on_bfloat16_operands():
   result into a float32 dot (about 4x slower here than its bfloat16 kernel), and so it does with
   a dot of a float32 cotangent or of a transposed bfloat16 operand (``layers.lowp_einsum``,
   ``logprobs.tiles.backward_tile``)."""
-
   opt = OPTIMIZERS["sgd"]
   step = step_lib.make_train_step(model_config=MIXED, optimizer=opt, objective="grpo")
   batch, num_tokens, num_seqs = _batch(_rollout(MIXED))

@@ -220,11 +220,11 @@ def test_bfloat16_prefill_stacks_keys_and_values_as_bits():
   _, cache = forward_into_new_cache(params, tokens, positions, config=config, max_len=S + 3)
   _, ref = forward(params, tokens, positions, config=config, cache=init_cache(config, B, S + 3))
   filled = np.asarray(cache.positions) >= 0
-  for a, b in zip(cache.k + cache.v, ref.k + ref.v, strict=True):
-    assert a.dtype == b.dtype == jnp.bfloat16
-    axis = 3 if a.shape[-1] == S + 3 else 2  # k [B, K, H, S_max], v [B, K, S_max, H]
-    a, b = (np.moveaxis(np.asarray(x, np.float32), axis, 1)[filled] for x in (a, b))
-    np.testing.assert_allclose(a, b, atol=3e-2, rtol=3e-2)
+  for slot_axis, got, want in ((3, cache.k, ref.k), (2, cache.v, ref.v)):  # k [B,K,H,S_max]
+    for a, b in zip(got, want, strict=True):  # v [B, K, S_max, H]
+      assert a.dtype == b.dtype == jnp.bfloat16
+      a, b = (np.moveaxis(np.asarray(x, np.float32), slot_axis, 1)[filled] for x in (a, b))
+      np.testing.assert_allclose(a, b, atol=3e-2, rtol=3e-2)
   hlo = (
     forward_into_new_cache.lower(params, tokens, positions, config=config, max_len=S + 3)
     .compile()
