@@ -1,27 +1,36 @@
-"""Huge pages for XLA:CPU's large buffers: the launcher's one process-level setting.
+"""glibc ``malloc`` settings for XLA:CPU's large buffers: the launcher's one process-level setting.
 
 XLA:CPU (jaxlib 0.10.2) allocates every large temporary and output buffer afresh on each call of
-a jitted function, through glibc's ``malloc``, which maps blocks above 32 MB freshly with
-``mmap``. The first touch of each 4 KiB page of such a block is a page fault, and the kernel
-zeroes the page. One SmolLM2-135M RL update touches about 2 GB of fresh pages that way (514,000
-faults, measured with ``getrusage``), one 64-token ``generate`` call about 0.75 GB.
+a jitted function, through glibc's ``malloc``, and frees it when the call ends. By default
+``malloc`` maps blocks above 32 MB freshly with ``mmap`` and unmaps them on ``free``, so every
+call touches new pages: one SmolLM2-135M RL update about 2.8 GB, one 64-token ``generate`` about
+1.7 GB (measured with ``getrusage``). Two settings, both glibc tunables:
 
-glibc 2.35+ has a tunable, ``glibc.malloc.hugetlb=1``, that asks for transparent huge pages
-(``madvise(MADV_HUGEPAGE)``) on the blocks ``malloc`` maps. Where the kernel's THP mode is
-``madvise`` (the common default), a fresh block then faults once per 2 MiB instead of once per
-4 KiB. Measured on the 2-core machine (interleaved processes, bfloat16 SmolLM2, docs/benchmarks.md):
-faults per update 514,000 -> 1,300, update 3.96-4.08 s -> 3.65-3.73 s; ``generate`` 3.60-3.75 s
--> 3.41-3.50 s. Other ``malloc`` settings were tried and dropped: no ``mmap`` at all with one arena
-(``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0``) removes the faults but makes the update slower (4.35 s),
-and without ``MALLOC_ARENA_MAX=1`` the faults stay (XLA allocates from its worker threads, whose
-arenas map large blocks regardless).
+* **Huge pages**, ``glibc.malloc.hugetlb=1`` (glibc 2.35+): ``madvise(MADV_HUGEPAGE)`` on the
+  blocks ``malloc`` maps. Where the kernel's THP mode is ``madvise`` (the common default) a fresh
+  block then faults once per 2 MiB instead of once per 4 KiB: faults per update 514,000 ->
+  1,300, update 3.96-4.08 s -> 3.65-3.73 s, ``generate`` 3.60-3.75 s -> 3.41-3.50 s
+  (interleaved processes, bfloat16 SmolLM2, docs/benchmarks.md, session 11).
+* **Memory kept for reuse**: one arena (``arena_max=1``: XLA allocates from its worker threads,
+  whose own arenas would map large blocks regardless), no ``mmap`` (``mmap_max=0``: every block
+  from the ``brk`` heap) and no trimming (``trim_threshold`` 64 GiB), so a freed buffer stays
+  mapped and the next call reuses it without a fault. On a VM with free page reporting (a
+  ``virtio_balloon`` guest, as on the project's machines) the host takes back freed 2 MiB blocks
+  within seconds, and faulting them in again is far dearer than zeroing a page: the first update
+  after a ``generate`` spent 1.4-2.3 s of system time on 990 huge-page faults, the same update
+  back to back 0.2 s. Kept, both are about 0.1 s. The TRL comparison's RL step
+  (``tools/bench_trl.py``, bfloat16, one run per setting alternated, docs/benchmarks.md, session
+  14): 9.50 s -> 8.43 s (update 6.12 -> 5.10 s). The price is the resident size: the process
+  holds its peak: 5.7 GB on that trainer, flat over 25 steps, against a 4.9 GB peak with huge
+  pages alone, which falls to 2.9 GB between steps.
 
 glibc reads its tunables when the process starts, so ``rlvr_jax.main`` re-executes itself once
-with the tunable added (``reexec_with_hugepages``) when it would change anything: Linux, glibc >=
-2.35, THP mode ``madvise``, the tunable not already set. ``RLVR_JAX_HUGEPAGES=0`` turns it off.
-Numbers do not change (it is where memory comes from, not what is computed). A Python process
-started another way (a notebook, ``rlvr_jax.api``) gets it by setting
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` before the interpreter starts.
+with them added (``reexec_with_malloc_tunables``) when that changes anything: Linux, glibc >=
+2.35, THP mode ``madvise``; a tunable the user already set in ``GLIBC_TUNABLES`` stands, ours with
+the same name is left out. ``RLVR_JAX_MALLOC=0`` turns it off. Numbers do not change (it is where
+memory comes from, not what is computed). A Python process started another way (a notebook,
+``rlvr_jax.api``) gets it by setting ``GLIBC_TUNABLES`` to ``TUNABLE`` before the interpreter
+starts.
 """
 
 from __future__ import annotations
@@ -31,11 +40,18 @@ import platform
 import sys
 from collections.abc import Callable, Mapping
 
-TUNABLE = "glibc.malloc.hugetlb=1"
-OPT_OUT = "RLVR_JAX_HUGEPAGES"  # "0": leave malloc as it is
-_REEXECUTED = "RLVR_JAX_HUGEPAGES_REEXEC"  # set in the re-executed process: never loop
+# name=value pairs, in the order they are appended to GLIBC_TUNABLES.
+TUNABLES = (
+  "glibc.malloc.hugetlb=1",
+  "glibc.malloc.arena_max=1",
+  "glibc.malloc.mmap_max=0",
+  "glibc.malloc.trim_threshold=68719476736",
+)
+TUNABLE = ":".join(TUNABLES)  # the whole setting, as GLIBC_TUNABLES takes it
+OPT_OUT = "RLVR_JAX_MALLOC"  # "0": leave malloc as it is
+_REEXECUTED = "RLVR_JAX_MALLOC_REEXEC"  # set in the re-executed process: never loop
 THP_MODE_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
-DETECT = "detect"  # hugepage_environ's glibc / mode: read them from this machine
+DETECT = "detect"  # malloc_environ's glibc / mode: read them from this machine
 
 
 def thp_mode(path: str = THP_MODE_PATH) -> str:
@@ -62,17 +78,18 @@ def glibc_version() -> tuple[int, int] | None:
     return None
 
 
-def hugepage_environ(
+def malloc_environ(
   environ: Mapping[str, str],
   *,
   system: str = sys.platform,
   glibc: tuple[int, int] | None | str = DETECT,
   mode: str = DETECT,
 ) -> dict[str, str] | None:
-  """The environment to re-execute with (``environ`` plus the tunable), or None when nothing
+  """The environment to re-execute with (``environ`` plus ``TUNABLES``), or None when nothing
   would change: opted out, already re-executed, not Linux, no glibc >= 2.35, THP mode other than
-  "madvise" ("always" needs no advice, "never" ignores it), or a ``glibc.malloc.hugetlb`` setting
-  already in ``GLIBC_TUNABLES`` (the user's choice stands). Other tunables are kept."""
+  "madvise" ("always" needs no advice, "never" ignores it), or every one of our tunables already
+  named in ``GLIBC_TUNABLES``. The user's tunables are kept, and one of ours whose name they set
+  is left out (their value stands)."""
   if environ.get(OPT_OUT, "1") == "0" or environ.get(_REEXECUTED):
     return None
   glibc = glibc_version() if glibc == DETECT else glibc
@@ -80,19 +97,21 @@ def hugepage_environ(
   if not system.startswith("linux") or glibc is None or glibc < (2, 35) or mode != "madvise":
     return None
   tunables = environ.get("GLIBC_TUNABLES", "")
-  if "glibc.malloc.hugetlb" in tunables:
+  taken = {item.split("=")[0] for item in tunables.split(":") if item}
+  ours = [t for t in TUNABLES if t.split("=")[0] not in taken]
+  if not ours:
     return None
   return {
     **environ,
-    "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}" if tunables else TUNABLE,
+    "GLIBC_TUNABLES": ":".join([*filter(None, [tunables]), *ours]),
     _REEXECUTED: "1",
   }
 
 
-def reexec_with_hugepages(execve: Callable = os.execve) -> None:
-  """Re-execute this interpreter with the same command line and ``hugepage_environ``, or return
+def reexec_with_malloc_tunables(execve: Callable = os.execve) -> None:
+  """Re-execute this interpreter with the same command line and ``malloc_environ``, or return
   when it gives None. Call it first thing, before jax starts threads or allocates."""
-  environ = hugepage_environ(os.environ)
+  environ = malloc_environ(os.environ)
   if environ is None:
     return
   sys.stdout.flush()

@@ -17,9 +17,9 @@ Several devices / processes (docs/launch.md): ``--mesh=data,fsdp,tensor`` (one s
 runs the trainer on that mesh; ``--coordinator_address``, ``--num_processes``, ``--process_id`` (or
 SLURM / a TPU pod slice, detected) join several processes first (``rlvr_jax.distributed``).
 
-Launched as ``python -m rlvr_jax.main``, the process re-executes itself once with glibc's
-huge-page tunable for ``malloc`` (``rlvr_jax.host_memory``: faster XLA:CPU steps, the same
-numbers; ``RLVR_JAX_HUGEPAGES=0`` turns it off).
+Launched as ``python -m rlvr_jax.main``, the process re-executes itself once with glibc
+tunables for ``malloc`` (``rlvr_jax.host_memory``: huge pages, freed buffers kept for reuse;
+faster XLA:CPU steps, the same numbers; ``RLVR_JAX_MALLOC=0`` turns it off).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__":  # before anything allocates: huge pages for XLA's buffers
+if __name__ == "__main__":  # before anything allocates: malloc settings for XLA's buffers
   from rlvr_jax import host_memory
 
-  host_memory.reexec_with_hugepages()
+  host_memory.reexec_with_malloc_tunables()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

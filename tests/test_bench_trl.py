@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from rlvr_jax import host_memory
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 try:
@@ -111,7 +113,7 @@ def test_update_flops_counts_a_shared_prompt_once():
 def test_both_workers_get_the_same_malloc_environment(monkeypatch):
   monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=1")  # not passed on: one setting
   on = bench_trl.worker_env(SPEC)
-  assert on["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  assert on["GLIBC_TUNABLES"] == host_memory.TUNABLE
   assert on["PYTHONPATH"].split(os.pathsep)[0] == ROOT
   off = bench_trl.worker_env(dataclasses.replace(SPEC, hugepages=False))
   assert "GLIBC_TUNABLES" not in off

@@ -1,5 +1,5 @@
-"""The launcher's huge-page setting for malloc (rlvr_jax/host_memory.py): when it re-executes, with
-what environment, and that ``python -m rlvr_jax.main`` really runs with it."""
+"""The launcher's malloc tunables (rlvr_jax/host_memory.py): when it re-executes, with what
+environment, and that ``python -m rlvr_jax.main`` really runs with them."""
 
 import os
 import subprocess
@@ -13,14 +13,23 @@ from rlvr_jax import host_memory as hm
 _LINUX = dict(system="linux", glibc=(2, 36), mode="madvise")
 
 
-def test_adds_the_tunable_and_keeps_the_rest_of_the_environment():
-  env = hm.hugepage_environ({"PATH": "/bin", "X": "1"}, **_LINUX)
+def test_adds_the_tunables_and_keeps_the_rest_of_the_environment():
+  env = hm.malloc_environ({"PATH": "/bin", "X": "1"}, **_LINUX)
   assert env["GLIBC_TUNABLES"] == hm.TUNABLE
+  assert hm.TUNABLE.split(":") == list(hm.TUNABLES)
   assert env["PATH"] == "/bin" and env["X"] == "1"
   assert env[hm._REEXECUTED] == "1"
-  # the user's other tunables stay, ours is appended
-  env = hm.hugepage_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, **_LINUX)
-  assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{hm.TUNABLE}"
+  # the user's other tunables stay, ours are appended
+  env = hm.malloc_environ({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=4096"}, **_LINUX)
+  assert env["GLIBC_TUNABLES"] == f"glibc.rtld.optional_static_tls=4096:{hm.TUNABLE}"
+
+
+def test_a_tunable_the_user_set_keeps_their_value():
+  env = hm.malloc_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, **_LINUX)
+  items = env["GLIBC_TUNABLES"].split(":")
+  assert items[0] == "glibc.malloc.arena_max=4"
+  assert [i for i in items if i.startswith("glibc.malloc.arena_max=")] == items[:1]
+  assert items[1:] == [t for t in hm.TUNABLES if not t.startswith("glibc.malloc.arena_max=")]
 
 
 @pytest.mark.parametrize(
@@ -28,7 +37,7 @@ def test_adds_the_tunable_and_keeps_the_rest_of_the_environment():
   [
     ({hm.OPT_OUT: "0"}, {}),  # opted out
     ({hm._REEXECUTED: "1"}, {}),  # already re-executed: never a loop
-    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, {}),  # the user's own choice stands
+    ({"GLIBC_TUNABLES": hm.TUNABLE.replace("hugetlb=1", "hugetlb=0")}, {}),  # all set already
     ({}, {"system": "darwin"}),
     ({}, {"glibc": None}),  # musl or another C library
     ({}, {"glibc": (2, 34)}),  # before the tunable existed
@@ -38,7 +47,7 @@ def test_adds_the_tunable_and_keeps_the_rest_of_the_environment():
   ],
 )
 def test_leaves_the_process_alone_when_it_would_change_nothing(environ, overrides):
-  assert hm.hugepage_environ(environ, **{**_LINUX, **overrides}) is None
+  assert hm.malloc_environ(environ, **{**_LINUX, **overrides}) is None
 
 
 def test_thp_mode_reads_the_bracketed_word(tmp_path):
@@ -52,12 +61,12 @@ def test_thp_mode_reads_the_bracketed_word(tmp_path):
 
 def test_reexec_passes_the_interpreter_the_same_command_line(monkeypatch):
   calls = []
-  monkeypatch.setattr(hm, "hugepage_environ", lambda environ: {"GLIBC_TUNABLES": hm.TUNABLE})
-  hm.reexec_with_hugepages(execve=lambda *a: calls.append(a))
+  monkeypatch.setattr(hm, "malloc_environ", lambda environ: {"GLIBC_TUNABLES": hm.TUNABLE})
+  hm.reexec_with_malloc_tunables(execve=lambda *a: calls.append(a))
   assert calls == [(sys.executable, list(sys.orig_argv), {"GLIBC_TUNABLES": hm.TUNABLE})]
   calls.clear()
-  monkeypatch.setattr(hm, "hugepage_environ", lambda environ: None)
-  hm.reexec_with_hugepages(execve=lambda *a: calls.append(a))
+  monkeypatch.setattr(hm, "malloc_environ", lambda environ: None)
+  hm.reexec_with_malloc_tunables(execve=lambda *a: calls.append(a))
   assert calls == []
 
 
@@ -77,7 +86,7 @@ def test_main_runs_with_the_tunable_where_it_applies(tmp_path):
     """)
   )
   env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hm._REEXECUTED)}
-  expected = hm.hugepage_environ(env)  # None where this machine gets nothing
+  expected = hm.malloc_environ(env)  # None where this machine gets nothing
   for opt_out in ("", "0"):
     run_env = {**env, "JAX_PLATFORMS": "cpu", **({hm.OPT_OUT: opt_out} if opt_out else {})}
     out = subprocess.run(

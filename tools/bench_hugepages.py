@@ -1,10 +1,12 @@
-"""glibc's malloc huge-page tunable (``rlvr_jax.host_memory``) on and off, interleaved processes.
+"""The launcher's glibc malloc tunables (``rlvr_jax.host_memory``) on and off, interleaved processes.
 
   .venv/bin/python tools/bench_hugepages.py                      # SmolLM2 shapes, bfloat16
   .venv/bin/python tools/bench_hugepages.py --model tiny --rounds 1 --calls 2   # a quick check
 
 Each round starts one child process per setting, alternately (off, on, off, on, ...), each with a
-clean environment for the tunable: ``GLIBC_TUNABLES`` unset, or ``glibc.malloc.hugetlb=1``. A
+clean environment for the tunables: ``GLIBC_TUNABLES`` unset, or ``host_memory.TUNABLE`` (until
+session 13 that was ``glibc.malloc.hugetlb=1`` alone; calls back to back, so the faults after a
+``generate`` in the RL loop, which the kept memory removes, do not show here). A
 child builds a randomly initialised model (``--model smollm2``: SmolLM2-135M's shapes; the numbers
 do not matter here, only the shapes), then times ``--calls`` calls after a compiling one of:
 
