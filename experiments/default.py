@@ -14,7 +14,8 @@ Command:
 Expected result (2-core CPU, 1-4 minutes in total, depending on the load): held-out greedy
 accuracy 0.475 before RL -> 0.858 after 150 RL steps, pass@1 (temperature 1) 0.447 -> 0.839 on
 session 6's Intel Xeon (bit-identical on re-runs there; seeds 1 and 2: 0.562 -> 0.917 and
-0.533 -> 0.804). Sessions 3-4's AMD Zen 5 machine gave 0.463 -> 0.950 with the same code: the
+0.533 -> 0.804). Sessions 3-4's AMD Zen 5 machine gave 0.463 -> 0.950 with the same code, and
+session 14's AMD EPYC (AVX-512 BF16, no AMX) 0.567 -> 0.942 (pass@1 0.500 -> 0.897, 57 s): the
 numbers depend on the CPU (summary.json's "platform"; README "What is reproducible").
 The run prints both and writes runs/default/summary.json, metrics.jsonl, curves.png, config.json,
 TensorBoard events and checkpoints. See docs/results.md for the recorded runs.
