@@ -11,26 +11,28 @@ call touches new pages: one SmolLM2-135M RL update about 2.8 GB, one 64-token ``
   block then faults once per 2 MiB instead of once per 4 KiB: faults per update 514,000 ->
   1,300, update 3.96-4.08 s -> 3.65-3.73 s, ``generate`` 3.60-3.75 s -> 3.41-3.50 s
   (interleaved processes, bfloat16 SmolLM2, docs/benchmarks.md, session 11).
-* **Memory kept for reuse**: one arena (``arena_max=1``: XLA allocates from its worker threads,
-  whose own arenas would map large blocks regardless), no ``mmap`` (``mmap_max=0``: every block
-  from the ``brk`` heap) and no trimming (``trim_threshold`` 64 GiB), so a freed buffer stays
-  mapped and the next call reuses it without a fault. On a VM with free page reporting (a
-  ``virtio_balloon`` guest, as on the project's machines) the host takes back freed 2 MiB blocks
-  within seconds, and faulting them in again is far dearer than zeroing a page: the first update
-  after a ``generate`` spent 1.4-2.3 s of system time on 990 huge-page faults, the same update
-  back to back 0.2 s. Kept, both are about 0.1 s. The TRL comparison's RL step
-  (``tools/bench_trl.py``, bfloat16, one run per setting alternated, docs/benchmarks.md, session
-  14): 9.50 s -> 8.43 s (update 6.12 -> 5.10 s). The price is the resident size: the process
-  holds its peak: 5.7 GB on that trainer, flat over 25 steps, against a 4.9 GB peak with huge
-  pages alone, which falls to 2.9 GB between steps.
+* **Memory kept for reuse** (opt-in: ``RLVR_JAX_MALLOC=keep``): one arena (``arena_max=1``: XLA
+  allocates from its worker threads, whose own arenas would map large blocks regardless), no
+  ``mmap`` (``mmap_max=0``: every block from the ``brk`` heap) and no trimming
+  (``trim_threshold`` 64 GiB), so a freed buffer stays mapped and the next call reuses it without
+  a fault. On a VM with free page reporting (a ``virtio_balloon`` guest, as on the project's
+  machines) the host takes back freed 2 MiB blocks within seconds, and faulting them in again is
+  far dearer than zeroing a page: the first update after a ``generate`` spent 1.4-2.3 s of system
+  time on 990 huge-page faults, the same update back to back 0.2 s. Kept, both are about 0.1 s,
+  and the TRL comparison's RL step (``tools/bench_trl.py --malloc``, bfloat16) took 8.43 s
+  against 9.50 s. It is not the default because the single arena slows everything that
+  allocates from many threads at once, compilation above all: a short tiny-model run (2 RL steps,
+  mostly compiling) took 24.0-25.6 s against 17.5-20.7 s, the README's main command 66-75 s
+  against 64 s; and the process holds its peak resident size (5.7 GB on that trainer, against
+  2.9 GB between steps with huge pages alone). For long runs of a real model on a CPU VM.
 
 glibc reads its tunables when the process starts, so ``rlvr_jax.main`` re-executes itself once
 with them added (``reexec_with_malloc_tunables``) when that changes anything: Linux, glibc >=
 2.35, THP mode ``madvise``; a tunable the user already set in ``GLIBC_TUNABLES`` stands, ours with
-the same name is left out. ``RLVR_JAX_MALLOC=0`` turns it off. Numbers do not change (it is where
-memory comes from, not what is computed). A Python process started another way (a notebook,
-``rlvr_jax.api``) gets it by setting ``GLIBC_TUNABLES`` to ``TUNABLE`` before the interpreter
-starts.
+the same name is left out. ``RLVR_JAX_MALLOC``: unset or ``hugepages`` (the default), ``keep``,
+or ``0`` (leave malloc alone). Numbers do not change (it is where memory comes from, not what is
+computed). A Python process started another way (a notebook, ``rlvr_jax.api``) gets it by setting
+``GLIBC_TUNABLES`` to ``tunables(setting)`` before the interpreter starts.
 """
 
 from __future__ import annotations
@@ -40,15 +42,18 @@ import platform
 import sys
 from collections.abc import Callable, Mapping
 
-# name=value pairs, in the order they are appended to GLIBC_TUNABLES.
-TUNABLES = (
-  "glibc.malloc.hugetlb=1",
+# Each setting's name=value pairs, in the order they are appended to GLIBC_TUNABLES.
+HUGEPAGES = ("glibc.malloc.hugetlb=1",)
+KEEP = (
+  *HUGEPAGES,
   "glibc.malloc.arena_max=1",
   "glibc.malloc.mmap_max=0",
   "glibc.malloc.trim_threshold=68719476736",
 )
-TUNABLE = ":".join(TUNABLES)  # the whole setting, as GLIBC_TUNABLES takes it
-OPT_OUT = "RLVR_JAX_MALLOC"  # "0": leave malloc as it is
+SETTINGS = {"hugepages": HUGEPAGES, "keep": KEEP}
+DEFAULT = "hugepages"
+TUNABLE = ":".join(HUGEPAGES)  # the default setting, as GLIBC_TUNABLES takes it
+SETTING = "RLVR_JAX_MALLOC"  # unset / "hugepages" / "keep" / "0" (leave malloc as it is)
 _REEXECUTED = "RLVR_JAX_MALLOC_REEXEC"  # set in the re-executed process: never loop
 THP_MODE_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
 DETECT = "detect"  # malloc_environ's glibc / mode: read them from this machine
@@ -78,6 +83,13 @@ def glibc_version() -> tuple[int, int] | None:
     return None
 
 
+def tunables(setting: str) -> str:
+  """``GLIBC_TUNABLES`` text of a setting ("hugepages" or "keep")."""
+  if setting not in SETTINGS:
+    raise ValueError(f"{SETTING}={setting!r}: expected one of {', '.join(SETTINGS)} or 0 (off)")
+  return ":".join(SETTINGS[setting])
+
+
 def malloc_environ(
   environ: Mapping[str, str],
   *,
@@ -85,25 +97,28 @@ def malloc_environ(
   glibc: tuple[int, int] | None | str = DETECT,
   mode: str = DETECT,
 ) -> dict[str, str] | None:
-  """The environment to re-execute with (``environ`` plus ``TUNABLES``), or None when nothing
-  would change: opted out, already re-executed, not Linux, no glibc >= 2.35, THP mode other than
-  "madvise" ("always" needs no advice, "never" ignores it), or every one of our tunables already
-  named in ``GLIBC_TUNABLES``. The user's tunables are kept, and one of ours whose name they set
-  is left out (their value stands)."""
-  if environ.get(OPT_OUT, "1") == "0" or environ.get(_REEXECUTED):
+  """The environment to re-execute with (``environ`` plus the tunables of the setting named by
+  ``RLVR_JAX_MALLOC``, default "hugepages"), or None when nothing would change: set to "0",
+  already re-executed, not Linux, no glibc >= 2.35, THP mode other than "madvise" ("always" needs
+  no advice, "never" ignores it), or every one of our tunables already named in
+  ``GLIBC_TUNABLES``. The user's tunables are kept, and one of ours whose name they set is left
+  out (their value stands). An unknown setting raises ``ValueError`` naming the variable."""
+  setting = environ.get(SETTING, "") or DEFAULT
+  if setting == "0" or environ.get(_REEXECUTED):
     return None
+  wanted = tunables(setting).split(":")
   glibc = glibc_version() if glibc == DETECT else glibc
   mode = thp_mode() if mode == DETECT else mode
   if not system.startswith("linux") or glibc is None or glibc < (2, 35) or mode != "madvise":
     return None
-  tunables = environ.get("GLIBC_TUNABLES", "")
-  taken = {item.split("=")[0] for item in tunables.split(":") if item}
-  ours = [t for t in TUNABLES if t.split("=")[0] not in taken]
+  user = environ.get("GLIBC_TUNABLES", "")
+  taken = {item.split("=")[0] for item in user.split(":") if item}
+  ours = [t for t in wanted if t.split("=")[0] not in taken]
   if not ours:
     return None
   return {
     **environ,
-    "GLIBC_TUNABLES": ":".join([*filter(None, [tunables]), *ours]),
+    "GLIBC_TUNABLES": ":".join([*filter(None, [user]), *ours]),
     _REEXECUTED: "1",
   }
 

@@ -18,8 +18,9 @@ runs the trainer on that mesh; ``--coordinator_address``, ``--num_processes``, `
 SLURM / a TPU pod slice, detected) join several processes first (``rlvr_jax.distributed``).
 
 Launched as ``python -m rlvr_jax.main``, the process re-executes itself once with glibc
-tunables for ``malloc`` (``rlvr_jax.host_memory``: huge pages, freed buffers kept for reuse;
-faster XLA:CPU steps, the same numbers; ``RLVR_JAX_MALLOC=0`` turns it off).
+tunables for ``malloc`` (``rlvr_jax.host_memory``: huge pages; faster XLA:CPU steps, the same
+numbers; ``RLVR_JAX_MALLOC=keep`` also keeps freed buffers for reuse, ``RLVR_JAX_MALLOC=0`` turns
+it off).
 """
 
 from __future__ import annotations

@@ -115,5 +115,7 @@ def test_both_workers_get_the_same_malloc_environment(monkeypatch):
   on = bench_trl.worker_env(SPEC)
   assert on["GLIBC_TUNABLES"] == host_memory.TUNABLE
   assert on["PYTHONPATH"].split(os.pathsep)[0] == ROOT
-  off = bench_trl.worker_env(dataclasses.replace(SPEC, hugepages=False))
+  keep = bench_trl.worker_env(dataclasses.replace(SPEC, malloc="keep"))
+  assert keep["GLIBC_TUNABLES"] == host_memory.tunables("keep")
+  off = bench_trl.worker_env(dataclasses.replace(SPEC, malloc="none"))
   assert "GLIBC_TUNABLES" not in off

@@ -15,8 +15,7 @@ _LINUX = dict(system="linux", glibc=(2, 36), mode="madvise")
 
 def test_adds_the_tunables_and_keeps_the_rest_of_the_environment():
   env = hm.malloc_environ({"PATH": "/bin", "X": "1"}, **_LINUX)
-  assert env["GLIBC_TUNABLES"] == hm.TUNABLE
-  assert hm.TUNABLE.split(":") == list(hm.TUNABLES)
+  assert env["GLIBC_TUNABLES"] == hm.TUNABLE == "glibc.malloc.hugetlb=1"  # the default setting
   assert env["PATH"] == "/bin" and env["X"] == "1"
   assert env[hm._REEXECUTED] == "1"
   # the user's other tunables stay, ours are appended
@@ -24,20 +23,38 @@ def test_adds_the_tunables_and_keeps_the_rest_of_the_environment():
   assert env["GLIBC_TUNABLES"] == f"glibc.rtld.optional_static_tls=4096:{hm.TUNABLE}"
 
 
+def test_keep_adds_one_arena_no_mmap_and_no_trim_to_huge_pages():
+  env = hm.malloc_environ({hm.SETTING: "keep"}, **_LINUX)
+  assert env["GLIBC_TUNABLES"].split(":") == [
+    "glibc.malloc.hugetlb=1",
+    "glibc.malloc.arena_max=1",
+    "glibc.malloc.mmap_max=0",
+    "glibc.malloc.trim_threshold=68719476736",
+  ]
+  assert hm.malloc_environ({hm.SETTING: "hugepages"}, **_LINUX)["GLIBC_TUNABLES"] == hm.TUNABLE
+
+
 def test_a_tunable_the_user_set_keeps_their_value():
-  env = hm.malloc_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, **_LINUX)
+  env = hm.malloc_environ(
+    {hm.SETTING: "keep", "GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, **_LINUX
+  )
   items = env["GLIBC_TUNABLES"].split(":")
   assert items[0] == "glibc.malloc.arena_max=4"
   assert [i for i in items if i.startswith("glibc.malloc.arena_max=")] == items[:1]
-  assert items[1:] == [t for t in hm.TUNABLES if not t.startswith("glibc.malloc.arena_max=")]
+  assert items[1:] == [t for t in hm.KEEP if not t.startswith("glibc.malloc.arena_max=")]
+
+
+def test_an_unknown_setting_names_the_variable():
+  with pytest.raises(ValueError, match="RLVR_JAX_MALLOC='fast'.*hugepages, keep"):
+    hm.malloc_environ({hm.SETTING: "fast"}, **_LINUX)
 
 
 @pytest.mark.parametrize(
   "environ, overrides",
   [
-    ({hm.OPT_OUT: "0"}, {}),  # opted out
+    ({hm.SETTING: "0"}, {}),  # opted out
     ({hm._REEXECUTED: "1"}, {}),  # already re-executed: never a loop
-    ({"GLIBC_TUNABLES": hm.TUNABLE.replace("hugetlb=1", "hugetlb=0")}, {}),  # all set already
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, {}),  # the user's own choice stands
     ({}, {"system": "darwin"}),
     ({}, {"glibc": None}),  # musl or another C library
     ({}, {"glibc": (2, 34)}),  # before the tunable existed
@@ -81,22 +98,19 @@ def test_main_runs_with_the_tunable_where_it_applies(tmp_path):
 
       def get_config():
         with open({str(seen)!r}, "w") as f:
-          f.write(os.environ.get("GLIBC_TUNABLES", "") + "|" + os.environ.get("{hm.OPT_OUT}", ""))
+          f.write(os.environ.get("GLIBC_TUNABLES", "") + "|" + os.environ.get("{hm.SETTING}", ""))
         return base_config()
     """)
   )
-  env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hm._REEXECUTED)}
-  expected = hm.malloc_environ(env)  # None where this machine gets nothing
-  for opt_out in ("", "0"):
-    run_env = {**env, "JAX_PLATFORMS": "cpu", **({hm.OPT_OUT: opt_out} if opt_out else {})}
+  drop = ("GLIBC_TUNABLES", hm._REEXECUTED, hm.SETTING)
+  env = {k: v for k, v in os.environ.items() if k not in drop}
+  applies = hm.malloc_environ(env) is not None  # False where this machine gets nothing
+  for setting, want in (("", hm.TUNABLE), ("keep", hm.tunables("keep")), ("0", "")):
+    run_env = {**env, "JAX_PLATFORMS": "cpu", **({hm.SETTING: setting} if setting else {})}
     out = subprocess.run(
       [sys.executable, "-m", "rlvr_jax.main", f"--config={probe}", "--help"],
       capture_output=True, text=True, env=run_env, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: python -m rlvr_jax.main")
-    tunables = seen.read_text().split("|")[0]
-    if expected is None or opt_out == "0":
-      assert tunables == ""
-    else:
-      assert tunables == hm.TUNABLE
+    assert seen.read_text().split("|")[0] == (want if applies else "")

@@ -28,10 +28,10 @@ runs each group's prompt once in the update (``rl.share_prompts``, on by default
 values and gradients, P * S_prompt + B * T tokens of work instead of B * (S_prompt + T); TRL has
 no such option; ``--share-prompts false`` turns it off).
 
-Both workers (and the decode runs) start with glibc's ``malloc`` tunables in their environment
-(``GLIBC_TUNABLES=host_memory.TUNABLE``: huge pages, freed memory kept for reuse), the setting
-``python -m rlvr_jax.main`` gives itself: the same environment for both sides;
-``--hugepages false`` runs both without it. (Sessions 11-13 ran with huge pages alone.)
+Both workers (and the decode runs) start with the same glibc ``malloc`` tunables in their
+environment (``rlvr_jax.host_memory``), by default the huge pages ``python -m rlvr_jax.main``
+gives itself; ``--malloc keep`` adds the opt-in kept memory (``RLVR_JAX_MALLOC=keep``),
+``--malloc none`` runs both without tunables.
 
 Each side runs in its own long-lived worker process (tools/bench_trl_workers.py) that waits on
 a pipe between steps, so only one side computes at a time. Per precision: W warm-up steps each
@@ -101,7 +101,7 @@ class Spec:
   clip: float = 0.2
   remat: bool = True
   share_prompts: bool = True  # ours only: rl.share_prompts (TRL runs every row's prompt)
-  hugepages: bool = True  # both sides: the launcher's malloc tunables (rlvr_jax.host_memory)
+  malloc: str = "hugepages"  # both sides: host_memory setting ("hugepages", "keep") or "none"
   seed: int = 0
   dtype: str = "float32"
   prompt_width: int = 16  # our prompt padding (set to the run's longest prompt by ``prepare``)
@@ -289,15 +289,15 @@ def prompt_digest(texts) -> str:
 
 
 def worker_env(spec: Spec) -> dict:
-  """The environment of every worker and decode process: this one, plus the launcher's malloc
-  tunables for both sides alike when ``spec.hugepages`` (what ``rlvr_jax.main`` sets for itself;
-  torch's CPU allocator takes its blocks from the same ``malloc``), minus it otherwise."""
+  """The environment of every worker and decode process: this one, plus the malloc tunables of
+  ``spec.malloc`` for both sides alike (by default what ``rlvr_jax.main`` sets for itself;
+  torch's CPU allocator takes its blocks from the same ``malloc``); "none": none at all."""
   from rlvr_jax import host_memory
 
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env.pop("GLIBC_TUNABLES", None)
-  if spec.hugepages:
-    env["GLIBC_TUNABLES"] = host_memory.TUNABLE
+  if spec.malloc != "none":
+    env["GLIBC_TUNABLES"] = host_memory.tunables(spec.malloc)
   return env
 
 
