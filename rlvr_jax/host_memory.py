@@ -52,7 +52,7 @@ KEEP = (
 )
 SETTINGS = {"hugepages": HUGEPAGES, "keep": KEEP}
 DEFAULT = "hugepages"
-TUNABLE = ":".join(HUGEPAGES)  # the default setting, as GLIBC_TUNABLES takes it
+TUNABLE = ":".join(SETTINGS[DEFAULT])  # the default setting, as GLIBC_TUNABLES takes it
 SETTING = "RLVR_JAX_MALLOC"  # unset / "hugepages" / "keep" / "0" (leave malloc as it is)
 _REEXECUTED = "RLVR_JAX_MALLOC_REEXEC"  # set in the re-executed process: never loop
 THP_MODE_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"

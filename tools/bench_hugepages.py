@@ -4,9 +4,9 @@
   .venv/bin/python tools/bench_hugepages.py --model tiny --rounds 1 --calls 2   # a quick check
 
 Each round starts one child process per setting, alternately (off, on, off, on, ...), each with a
-clean environment for the tunables: ``GLIBC_TUNABLES`` unset, or ``host_memory.TUNABLE`` (until
-session 13 that was ``glibc.malloc.hugetlb=1`` alone; calls back to back, so the faults after a
-``generate`` in the RL loop, which the kept memory removes, do not show here). A
+clean environment for the tunables: ``GLIBC_TUNABLES`` unset, or ``host_memory.TUNABLE`` (the
+default setting, ``glibc.malloc.hugetlb=1``; the calls run back to back, so the opt-in kept
+memory, which removes the faults after a ``generate`` in the RL loop, is not compared here). A
 child builds a randomly initialised model (``--model smollm2``: SmolLM2-135M's shapes; the numbers
 do not matter here, only the shapes), then times ``--calls`` calls after a compiling one of:
 
