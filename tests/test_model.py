@@ -87,9 +87,9 @@ def test_forward_into_new_cache_equals_forward_with_an_empty_cache():
     assert int(cache.index) == S and cache.max_len == S + 3
     np.testing.assert_array_equal(np.asarray(cache.positions), np.asarray(ref_cache.positions))
     filled = np.asarray(cache.positions) >= 0
-    for a, b in zip(cache.k, ref_cache.k, strict=True):  # [B, K, H, S_max]
+    for a, b in zip(cache.k, ref_cache.k, strict=True):  # [B, K, S_max, H]
       assert a.shape == b.shape
-      a, b = (np.moveaxis(np.asarray(x), 3, 1)[filled] for x in (a, b))
+      a, b = (np.moveaxis(np.asarray(x), 2, 1)[filled] for x in (a, b))
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     for a, b in zip(cache.v, ref_cache.v, strict=True):  # [B, K, S_max, H]
       assert a.shape == b.shape
@@ -220,8 +220,8 @@ def test_bfloat16_prefill_stacks_keys_and_values_as_bits():
   _, cache = forward_into_new_cache(params, tokens, positions, config=config, max_len=S + 3)
   _, ref = forward(params, tokens, positions, config=config, cache=init_cache(config, B, S + 3))
   filled = np.asarray(cache.positions) >= 0
-  for slot_axis, got, want in ((3, cache.k, ref.k), (2, cache.v, ref.v)):  # k [B,K,H,S_max]
-    for a, b in zip(got, want, strict=True):  # v [B, K, S_max, H]
+  for slot_axis, got, want in ((2, cache.k, ref.k), (2, cache.v, ref.v)):  # [B, K, S_max, H]
+    for a, b in zip(got, want, strict=True):
       assert a.dtype == b.dtype == jnp.bfloat16
       a, b = (np.moveaxis(np.asarray(x, np.float32), slot_axis, 1)[filled] for x in (a, b))
       np.testing.assert_allclose(a, b, atol=3e-2, rtol=3e-2)

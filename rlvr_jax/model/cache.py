@@ -14,9 +14,9 @@ class KVCache:
   """Keys, values and positions of every filled slot, one buffer per layer.
 
   Attributes:
-    k: tuple of L arrays [B, K, H, S_max]: keys after RoPE, transposed (slots last) so that a
-      decode step's scores q k^T are a plain [G, H] x [H, S_max] matmul per (row, kv head).
-    v: tuple of L arrays [B, K, S_max, H]: values (slots inside each kv head), so that the
+    k: tuple of L arrays [B, K, S_max, H]: keys after RoPE, slots inside each kv head, so that
+      a decode step writes each (row, kv head)'s new key as one contiguous [H] run.
+    v: tuple of L arrays [B, K, S_max, H]: values, the same layout, so that the
       probabilities-times-values product reads each head's [S_max, H] block in place.
     positions: [B, S_max] int32 position of the token stored in each slot; -1 marks an empty slot
       (never written, or written by a padding token).
@@ -25,8 +25,10 @@ class KVCache:
   Why per-layer buffers and these layouts (measured on XLA:CPU, SmolLM2-135M shapes, see
   docs/benchmarks.md): a stacked [L, ...] cache read by a layer ``scan`` is copied out layer by
   layer at every decode step; a slot-major [B, S_max, K, H] layout made XLA transpose the whole
-  cache every step; keys stored [S_max, H] made the scores an ``A B^T`` batched matmul about
-  3x slower than the ``A B`` form at batch 32.
+  cache every step. Keys were stored transposed, [H, S_max], until session 15: the scores were
+  then an ``A B`` matmul, but each step's write of one slot became B K H scattered 2-byte
+  stores, about 0.2 ms per layer in a SmolLM2 decode step on the AMD EPYC machine, while the
+  ``A B^T`` scores on [S_max, H] keys cost the same as the ``A B`` form there.
   """
 
   k: tuple[jax.Array, ...]
@@ -48,14 +50,14 @@ class KVCache:
 
 
 def kv_shapes(config: ModelConfig, batch_size: int, max_len: int) -> tuple[tuple, tuple]:
-  """Shapes of one layer's key and value buffers: ([B, K, H, S_max], [B, K, S_max, H])."""
+  """Shapes of one layer's key and value buffers: both [B, K, S_max, H]."""
   B, K, H = batch_size, config.num_kv_heads, config.head_dim
-  return (B, K, H, max_len), (B, K, max_len, H)
+  return (B, K, max_len, H), (B, K, max_len, H)
 
 
 def to_cache_layout(k: jax.Array, v: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-  """New keys / values [B, S, K, H] -> one layer's buffer layouts [B, K, H, S] and [B, K, S, H]."""
-  return k.transpose(0, 2, 3, 1).astype(dtype), jnp.swapaxes(v, 1, 2).astype(dtype)
+  """New keys / values [B, S, K, H] -> one layer's buffer layout [B, K, S, H]."""
+  return jnp.swapaxes(k, 1, 2).astype(dtype), jnp.swapaxes(v, 1, 2).astype(dtype)
 
 
 def init_cache(
@@ -82,7 +84,7 @@ def grow_cache(cache: KVCache, max_len: int) -> KVCache:
   if pad < 0:
     raise ValueError(f"cannot shrink a cache of length {cache.max_len} to {max_len}")
   return KVCache(
-    k=tuple(jnp.pad(k, ((0, 0),) * 3 + ((0, pad),)) for k in cache.k),
+    k=tuple(jnp.pad(k, ((0, 0),) * 2 + ((0, pad), (0, 0))) for k in cache.k),
     v=tuple(jnp.pad(v, ((0, 0),) * 2 + ((0, pad), (0, 0))) for v in cache.v),
     positions=jnp.pad(cache.positions, ((0, 0), (0, pad)), constant_values=-1),
     index=cache.index,
@@ -91,9 +93,8 @@ def grow_cache(cache: KVCache, max_len: int) -> KVCache:
 
 def cache_logical_axes(num_layers: int) -> KVCache:
   """Logical axes of each cache field (for ``rlvr_jax.sharding`` rules)."""
-  k = ("batch", "kv_heads", "head_dim", "seq")
-  v = ("batch", "kv_heads", "seq", "head_dim")
-  return KVCache(k=(k,) * num_layers, v=(v,) * num_layers, positions=("batch", "seq"), index=())
+  kv = ("batch", "kv_heads", "seq", "head_dim")
+  return KVCache(k=(kv,) * num_layers, v=(kv,) * num_layers, positions=("batch", "seq"), index=())
 
 
 def cache_shardings(cache: KVCache, mesh, rules) -> KVCache:

@@ -257,7 +257,7 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
     q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
     # Only the S new entries are transposed into the buffer layouts, never the cache.
     k, v = to_cache_layout(k, v, ck.dtype)
-    ck = _write_slots(ck, k, (zero,) * 3 + (index,))
+    ck = _write_slots(ck, k, (zero, zero, index, zero))
     cv = _write_slots(cv, v, (zero, zero, index, zero))
     attn = L.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, num_kv_heads=K)
     x = _block_tail(lp, x, attn, config)

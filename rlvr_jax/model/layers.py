@@ -182,28 +182,28 @@ def cached_attention(
 ) -> jax.Array:
   """``attention`` over a layer's KV-cache buffers (layouts of ``rlvr_jax.model.cache.KVCache``).
 
-  The G * S queries of each kv head form one [G * S, H] matrix, so both products are plain batched
-  matmuls over (b, k), [G S, H] x [H, T] and [G S, T] x [T, H], that read the cache in place.
+  The G * S queries of each kv head form one [G * S, H] matrix, so both products are batched
+  matmuls over (b, k), [G S, H] x [T, H]^T and [G S, T] x [T, H], that read the cache in place.
 
   Args:
     q: [B, S, N, H] queries.
-    k: [B, K, H, T] keys (transposed); v: [B, K, T, H] values.
+    k, v: [B, K, T, H] keys and values.
     mask: [B, S, T] bool, as in ``attention``.
   Returns:
     [B, S, N, H] in the dtype of ``q``.
   """
   B, S, N, H = q.shape
   K = num_kv_heads
-  if k.shape[:3] != (B, K, H) or v.shape != (B, K, k.shape[3], H):
+  if k.shape[:2] != (B, K) or k.shape[3] != H or v.shape != k.shape:
     raise ValueError(
-      f"cached_attention: q {q.shape}, k {k.shape} (expected [B, K, H, T]), v {v.shape} "
-      f"(expected [B, K, T, H]) with K={K} do not match"
+      f"cached_attention: q {q.shape}, k {k.shape}, v {v.shape} (both expected [B, K, T, H]) "
+      f"with K={K} do not match"
     )
-  T = k.shape[3]
+  T = k.shape[2]
   _check_attention(q, mask, T)
   G = N // K
   qg = q.reshape(B, S, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, H)
-  scores = jnp.einsum("bkqh,bkht->bkqt", qg, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("bkqh,bkth->bkqt", qg, k, preferred_element_type=jnp.float32)
   mask = jnp.broadcast_to(mask[:, None, None], (B, 1, G, S, T)).reshape(B, 1, G * S, T)
   probs = _masked_softmax(scores * (1.0 / math.sqrt(H)), mask).astype(v.dtype)
   out = jnp.einsum("bkqt,bkth->bkqh", probs, v, preferred_element_type=jnp.float32)
