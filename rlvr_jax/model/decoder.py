@@ -251,6 +251,9 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   K = config.num_kv_heads
   zero = jnp.zeros((), jnp.int32)
   index = cache.index
+  # Materialised once: left to fusion, XLA:CPU recomputed the cos / sin of the positions inside
+  # every layer's RoPE fusions (60 transcendental passes per decode step).
+  cos, sin = jax.lax.optimization_barrier((cos, sin))
   new_k, new_v, seen = [], [], []
   for lp, ck, cv in zip(layer_params(params, config), cache.k, cache.v, strict=True):
     seen.append(x)

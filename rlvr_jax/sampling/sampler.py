@@ -191,6 +191,9 @@ def _sample(strategy: Strategy, logits, row_keys, t, temperatures=None):
     # Greedy rows of a mixed batch have a point-mass logp: sampling it returns the argmax.
     tokens = jax.vmap(strategy.sample)(keys_lib.position_keys(row_keys, t), logp)
     sampler_logp = pick(logp, tokens)
+    if temperatures is None and strategy.temperature == 1.0 and not strategy.truncates:
+      # The sampled distribution is the model's: no second log-sum-exp over the vocabulary.
+      return tokens, sampler_logp, sampler_logp, threshold
   model_logp = pick(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
   return tokens, sampler_logp, model_logp, threshold
 
