@@ -4,35 +4,38 @@ XLA:CPU (jaxlib 0.10.2) allocates every large temporary and output buffer afresh
 a jitted function, through glibc's ``malloc``, and frees it when the call ends. By default
 ``malloc`` maps blocks above 32 MB freshly with ``mmap`` and unmaps them on ``free``, so every
 call touches new pages: one SmolLM2-135M RL update about 2.8 GB, one 64-token ``generate`` about
-1.7 GB (measured with ``getrusage``). Two settings, both glibc tunables:
+1.7 GB (measured with ``getrusage``). Two settings, glibc tunables plus, for one, a jax option:
 
-* **Huge pages**, ``glibc.malloc.hugetlb=1`` (glibc 2.35+): ``madvise(MADV_HUGEPAGE)`` on the
-  blocks ``malloc`` maps. Where the kernel's THP mode is ``madvise`` (the common default) a fresh
-  block then faults once per 2 MiB instead of once per 4 KiB: faults per update 514,000 ->
-  1,300, update 3.96-4.08 s -> 3.65-3.73 s, ``generate`` 3.60-3.75 s -> 3.41-3.50 s
-  (interleaved processes, bfloat16 SmolLM2, docs/benchmarks.md, session 11).
-* **Memory kept for reuse** (opt-in: ``RLVR_JAX_MALLOC=keep``): one arena (``arena_max=1``: XLA
-  allocates from its worker threads, whose own arenas would map large blocks regardless), no
-  ``mmap`` (``mmap_max=0``: every block from the ``brk`` heap) and no trimming
-  (``trim_threshold`` 64 GiB), so a freed buffer stays mapped and the next call reuses it without
-  a fault. On a VM with free page reporting (a ``virtio_balloon`` guest, as on the project's
-  machines) the host takes back freed 2 MiB blocks within seconds, and faulting them in again is
-  far dearer than zeroing a page: the first update after a ``generate`` spent 1.4-2.3 s of system
-  time on 990 huge-page faults, the same update back to back 0.2 s. Kept, both are about 0.1 s,
-  and the TRL comparison's RL step (``tools/bench_trl.py --malloc``, bfloat16) took 8.43 s
-  against 9.50 s. It is not the default because the single arena slows everything that
-  allocates from many threads at once, compilation above all: a short tiny-model run (2 RL steps,
-  mostly compiling) took 24.0-25.6 s against 17.5-20.7 s, the README's main command 66-75 s
-  against 64 s; and the process holds its peak resident size (5.7 GB on that trainer, against
-  2.9 GB between steps with huge pages alone). For long runs of a real model on a CPU VM.
+* **Huge pages** (``RLVR_JAX_MALLOC=hugepages``), ``glibc.malloc.hugetlb=1`` (glibc 2.35+):
+  ``madvise(MADV_HUGEPAGE)`` on the blocks ``malloc`` maps. Where the kernel's THP mode is
+  ``madvise`` (the common default) a fresh block then faults once per 2 MiB instead of once per
+  4 KiB: faults per update 514,000 -> 1,300, update 3.96-4.08 s -> 3.65-3.73 s, ``generate``
+  3.60-3.75 s -> 3.41-3.50 s (interleaved processes, bfloat16 SmolLM2, docs/benchmarks.md,
+  session 11). Freed blocks still go back to the kernel after every call.
+* **Memory kept for reuse** (the default since session 15: unset or ``RLVR_JAX_MALLOC=keep``):
+  huge pages, no ``mmap`` (``mmap_max=0``: blocks come from the ``brk`` heap) and no trimming
+  (``trim_threshold`` 64 GiB), and XLA:CPU computations run on the calling thread
+  (``configure_jax``: without that, XLA's client thread allocates from its own arena, which maps
+  blocks above its 64 MB heaps with ``mmap`` whatever ``mmap_max`` says). A freed buffer then
+  stays mapped and the next call reuses it without a fault. On a VM with free page reporting (a
+  ``virtio_balloon`` guest, as on the project's machines) the host takes back freed 2 MiB blocks
+  within seconds, and faulting them in again is far dearer than zeroing a page: the first update
+  after a ``generate`` spent 2.3-3.0 s of system time on 1,390 huge-page faults; kept, 0.06 s and
+  no fault, and the bench's RL step 8.2-8.4 s against 8.9-10.6 s (docs/benchmarks.md, session
+  15). The price: the process holds its peak resident size (about 4.9 GB on that trainer,
+  against 2.9 GB between steps with huge pages alone). Session 14's version of this setting
+  limited ``malloc`` to one arena instead of running computations on the calling thread; that
+  slowed everything that allocates from many threads, compilation above all (a 2-step tiny run
+  24-26 s against 18-21 s), and it was an opt-in. This one compiles as fast as huge pages alone.
 
 glibc reads its tunables when the process starts, so ``rlvr_jax.main`` re-executes itself once
 with them added (``reexec_with_malloc_tunables``) when that changes anything: Linux, glibc >=
 2.35, THP mode ``madvise``; a tunable the user already set in ``GLIBC_TUNABLES`` stands, ours with
-the same name is left out. ``RLVR_JAX_MALLOC``: unset or ``hugepages`` (the default), ``keep``,
-or ``0`` (leave malloc alone). Numbers do not change (it is where memory comes from, not what is
-computed). A Python process started another way (a notebook, ``rlvr_jax.api``) gets it by setting
-``GLIBC_TUNABLES`` to ``tunables(setting)`` before the interpreter starts.
+the same name is left out. Then it calls ``configure_jax``. ``RLVR_JAX_MALLOC``: unset or
+``keep`` (the default), ``hugepages``, or ``0`` (leave malloc and jax alone). Numbers do not
+change (it is where memory comes from, not what is computed). A Python process started another
+way (a notebook, ``rlvr_jax.api``) gets it by setting ``GLIBC_TUNABLES`` to ``tunables(setting)``
+before the interpreter starts and calling ``configure_jax()`` before jax computes anything.
 """
 
 from __future__ import annotations
@@ -46,14 +49,15 @@ from collections.abc import Callable, Mapping
 HUGEPAGES = ("glibc.malloc.hugetlb=1",)
 KEEP = (
   *HUGEPAGES,
-  "glibc.malloc.arena_max=1",
   "glibc.malloc.mmap_max=0",
   "glibc.malloc.trim_threshold=68719476736",
 )
 SETTINGS = {"hugepages": HUGEPAGES, "keep": KEEP}
-DEFAULT = "hugepages"
+# Settings whose process runs XLA:CPU computations on the calling thread (``configure_jax``).
+SYNCHRONOUS = frozenset({"keep"})
+DEFAULT = "keep"
 TUNABLE = ":".join(SETTINGS[DEFAULT])  # the default setting, as GLIBC_TUNABLES takes it
-SETTING = "RLVR_JAX_MALLOC"  # unset / "hugepages" / "keep" / "0" (leave malloc as it is)
+SETTING = "RLVR_JAX_MALLOC"  # unset / "keep" / "hugepages" / "0" (leave malloc as it is)
 _REEXECUTED = "RLVR_JAX_MALLOC_REEXEC"  # set in the re-executed process: never loop
 THP_MODE_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
 DETECT = "detect"  # malloc_environ's glibc / mode: read them from this machine
@@ -90,6 +94,30 @@ def tunables(setting: str) -> str:
   return ":".join(SETTINGS[setting])
 
 
+def active_setting(environ: Mapping[str, str] = os.environ) -> str:
+  """The setting ``RLVR_JAX_MALLOC`` names ("hugepages", "keep", or "0" for off; unset: the
+  default); an unknown name raises ``ValueError`` naming the variable."""
+  setting = environ.get(SETTING, "") or DEFAULT
+  if setting != "0":
+    tunables(setting)
+  return setting
+
+
+def configure_jax(environ: Mapping[str, str] = os.environ) -> bool:
+  """The jax half of the active setting; call it before jax runs anything. Under "keep", XLA:CPU
+  computations run on the calling thread (``jax_cpu_enable_async_dispatch=False``): their
+  buffers then come from the main thread's ``malloc`` arena, the ``brk`` heap that the setting
+  keeps; dispatched to XLA's client thread, the large ones came from that thread's own arena,
+  which maps blocks above its 64 MB heaps with ``mmap`` whatever ``mmap_max`` says. Returns
+  whether it changed jax's configuration."""
+  if active_setting(environ) not in SYNCHRONOUS:
+    return False
+  import jax
+
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  return True
+
+
 def malloc_environ(
   environ: Mapping[str, str],
   *,
@@ -98,19 +126,22 @@ def malloc_environ(
   mode: str = DETECT,
 ) -> dict[str, str] | None:
   """The environment to re-execute with (``environ`` plus the tunables of the setting named by
-  ``RLVR_JAX_MALLOC``, default "hugepages"), or None when nothing would change: set to "0",
-  already re-executed, not Linux, no glibc >= 2.35, THP mode other than "madvise" ("always" needs
-  no advice, "never" ignores it), or every one of our tunables already named in
-  ``GLIBC_TUNABLES``. The user's tunables are kept, and one of ours whose name they set is left
-  out (their value stands). An unknown setting raises ``ValueError`` naming the variable."""
-  setting = environ.get(SETTING, "") or DEFAULT
+  ``RLVR_JAX_MALLOC``, default "keep"), or None when nothing would change: set to "0",
+  already re-executed, not Linux, no glibc >= 2.35, or every one of our tunables already named
+  in ``GLIBC_TUNABLES``. The huge-page tunable is left out where the THP mode is not "madvise"
+  ("always" needs no advice, "never" ignores it): "hugepages" then changes nothing, "keep" keeps
+  the rest. The user's tunables are kept, and one of ours whose name they set is left out (their
+  value stands). An unknown setting raises ``ValueError`` naming the variable."""
+  setting = active_setting(environ)
   if setting == "0" or environ.get(_REEXECUTED):
     return None
   wanted = tunables(setting).split(":")
   glibc = glibc_version() if glibc == DETECT else glibc
   mode = thp_mode() if mode == DETECT else mode
-  if not system.startswith("linux") or glibc is None or glibc < (2, 35) or mode != "madvise":
+  if not system.startswith("linux") or glibc is None or glibc < (2, 35):
     return None
+  if mode != "madvise":
+    wanted = [t for t in wanted if t not in HUGEPAGES]
   user = environ.get("GLIBC_TUNABLES", "")
   taken = {item.split("=")[0] for item in user.split(":") if item}
   ours = [t for t in wanted if t.split("=")[0] not in taken]

@@ -18,9 +18,9 @@ runs the trainer on that mesh; ``--coordinator_address``, ``--num_processes``, `
 SLURM / a TPU pod slice, detected) join several processes first (``rlvr_jax.distributed``).
 
 Launched as ``python -m rlvr_jax.main``, the process re-executes itself once with glibc
-tunables for ``malloc`` (``rlvr_jax.host_memory``: huge pages; faster XLA:CPU steps, the same
-numbers; ``RLVR_JAX_MALLOC=keep`` also keeps freed buffers for reuse, ``RLVR_JAX_MALLOC=0`` turns
-it off).
+tunables for ``malloc`` and runs XLA:CPU computations on the calling thread
+(``rlvr_jax.host_memory``: huge pages, freed buffers kept for reuse; faster XLA:CPU steps, the
+same numbers; ``RLVR_JAX_MALLOC=hugepages`` only the huge pages, ``RLVR_JAX_MALLOC=0`` neither).
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ import sys
 if __name__ == "__main__":  # before anything allocates: malloc settings for XLA's buffers
   from rlvr_jax import host_memory
 
-  host_memory.reexec_with_malloc_tunables()
+  try:
+    host_memory.reexec_with_malloc_tunables()
+    host_memory.configure_jax()
+  except ValueError as e:  # an unknown RLVR_JAX_MALLOC: one line, as for a bad config field
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

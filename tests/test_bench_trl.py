@@ -113,9 +113,18 @@ def test_update_flops_counts_a_shared_prompt_once():
 def test_both_workers_get_the_same_malloc_environment(monkeypatch):
   monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=1")  # not passed on: one setting
   on = bench_trl.worker_env(SPEC)
-  assert on["GLIBC_TUNABLES"] == host_memory.TUNABLE
+  assert on["GLIBC_TUNABLES"] == host_memory.TUNABLE  # the launcher's default, on both sides
+  assert bench_trl.worker_env(SPEC, "trl") == on
+  assert on[host_memory.SETTING] == "keep"  # our worker's configure_jax reads it
   assert on["PYTHONPATH"].split(os.pathsep)[0] == ROOT
-  keep = bench_trl.worker_env(dataclasses.replace(SPEC, malloc="keep"))
-  assert keep["GLIBC_TUNABLES"] == host_memory.tunables("keep")
+  pages = bench_trl.worker_env(dataclasses.replace(SPEC, malloc="hugepages"))
+  assert pages["GLIBC_TUNABLES"] == host_memory.tunables("hugepages")
   off = bench_trl.worker_env(dataclasses.replace(SPEC, malloc="none"))
-  assert "GLIBC_TUNABLES" not in off
+  assert "GLIBC_TUNABLES" not in off and off[host_memory.SETTING] == "0"
+
+
+def test_trl_can_run_as_launched_by_its_users():
+  spec = dataclasses.replace(SPEC, trl_malloc="none")
+  assert bench_trl.worker_env(spec)["GLIBC_TUNABLES"] == host_memory.TUNABLE
+  trl = bench_trl.worker_env(spec, "trl")
+  assert "GLIBC_TUNABLES" not in trl and trl[host_memory.SETTING] == "0"

@@ -29,9 +29,11 @@ values and gradients, P * S_prompt + B * T tokens of work instead of B * (S_prom
 no such option; ``--share-prompts false`` turns it off).
 
 Both workers (and the decode runs) start with the same glibc ``malloc`` tunables in their
-environment (``rlvr_jax.host_memory``), by default the huge pages ``python -m rlvr_jax.main``
-gives itself; ``--malloc keep`` adds the opt-in kept memory (``RLVR_JAX_MALLOC=keep``),
-``--malloc none`` runs both without tunables.
+environment (``rlvr_jax.host_memory``), by default the kept memory ``python -m rlvr_jax.main``
+gives itself (``--malloc keep``; torch's CPU allocator takes its blocks from the same
+``malloc`` and gains from it too); ``--malloc hugepages`` the huge pages alone, ``--malloc
+none`` no tunables. ``--trl-malloc`` gives TRL's worker another setting than ours (``same``,
+the default; ``none``: TRL as its users launch it, with no tunables).
 
 Each side runs in its own long-lived worker process (tools/bench_trl_workers.py) that waits on
 a pipe between steps, so only one side computes at a time. Per precision: W warm-up steps each
@@ -101,7 +103,8 @@ class Spec:
   clip: float = 0.2
   remat: bool = True
   share_prompts: bool = True  # ours only: rl.share_prompts (TRL runs every row's prompt)
-  malloc: str = "hugepages"  # both sides: host_memory setting ("hugepages", "keep") or "none"
+  malloc: str = "keep"  # both sides: host_memory setting ("keep", "hugepages") or "none"
+  trl_malloc: str = "same"  # TRL's worker: "same" (as ``malloc``), or its own setting / "none"
   seed: int = 0
   dtype: str = "float32"
   prompt_width: int = 16  # our prompt padding (set to the run's longest prompt by ``prepare``)
@@ -288,16 +291,20 @@ def prompt_digest(texts) -> str:
   return hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
 
 
-def worker_env(spec: Spec) -> dict:
-  """The environment of every worker and decode process: this one, plus the malloc tunables of
-  ``spec.malloc`` for both sides alike (by default what ``rlvr_jax.main`` sets for itself;
-  torch's CPU allocator takes its blocks from the same ``malloc``); "none": none at all."""
+def worker_env(spec: Spec, side: str = "ours") -> dict:
+  """The environment of a worker or decode process: this one, plus the malloc tunables of
+  ``spec.malloc`` (by default what ``rlvr_jax.main`` sets for itself; torch's CPU allocator
+  takes its blocks from the same ``malloc``), or of ``spec.trl_malloc`` for TRL's worker when
+  that is not "same"; "none": none at all."""
   from rlvr_jax import host_memory
 
+  setting = spec.trl_malloc if side == "trl" and spec.trl_malloc != "same" else spec.malloc
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env.pop("GLIBC_TUNABLES", None)
-  if spec.malloc != "none":
-    env["GLIBC_TUNABLES"] = host_memory.tunables(spec.malloc)
+  # Our worker applies the setting's jax half (host_memory.configure_jax) from this variable.
+  env[host_memory.SETTING] = "0" if setting == "none" else setting
+  if setting != "none":
+    env["GLIBC_TUNABLES"] = host_memory.tunables(setting)
   return env
 
 
@@ -312,7 +319,7 @@ class Worker:
     self.log = open(self.log_path, "w")
     self.proc = subprocess.Popen(
       cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-      env=worker_env(spec),
+      env=worker_env(spec, side),
     )  # fmt: skip
     self.ready = self._read()
 
@@ -415,6 +422,11 @@ def main():
       )
       parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
   args = parser.parse_args()
+  settings = ("keep", "hugepages", "none")
+  for flag, value, allowed in (("--malloc", args.malloc, settings),
+                               ("--trl-malloc", args.trl_malloc, ("same", *settings))):  # fmt: skip
+    if value not in allowed:
+      parser.error(f"{flag} {value!r}: expected one of {', '.join(allowed)}")
   folder = args.out_dir or tempfile.mkdtemp(prefix="bench_trl_")
   os.makedirs(folder, exist_ok=True)
   spec = Spec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Spec)

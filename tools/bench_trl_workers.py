@@ -77,6 +77,9 @@ def torch_peak(dtype: str) -> float:
 
 # -------------------------------------------------------------------------------------- ours
 def ours_worker(spec: Spec, folder: str, steps: int, channel: Channel):
+  from rlvr_jax import host_memory
+
+  host_memory.configure_jax()  # what rlvr_jax.main does under the same setting, before jax runs
   from rlvr_jax.train.loop import Trainer
 
   try:
