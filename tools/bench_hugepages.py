@@ -4,9 +4,11 @@
   .venv/bin/python tools/bench_hugepages.py --model tiny --rounds 1 --calls 2   # a quick check
 
 Each round starts one child process per setting, alternately (off, on, off, on, ...), each with a
-clean environment for the tunables: ``GLIBC_TUNABLES`` unset, or ``host_memory.TUNABLE`` (the
-default setting, ``glibc.malloc.hugetlb=1``; the calls run back to back, so the opt-in kept
-memory, which removes the faults after a ``generate`` in the RL loop, is not compared here). A
+clean environment for the tunables: ``GLIBC_TUNABLES`` unset (and jax's asynchronous
+dispatch), or what ``python -m rlvr_jax.main`` runs with by default (``host_memory.TUNABLE``,
+the kept memory since session 15, and computations on the calling thread; the calls run back to
+back, so the faults that the kept memory removes after a ``generate`` in the RL loop do not
+show here: compare with ``RLVR_JAX_MALLOC=hugepages`` in the loop, docs/benchmarks.md). A
 child builds a randomly initialised model (``--model smollm2``: SmolLM2-135M's shapes; the numbers
 do not matter here, only the shapes), then times ``--calls`` calls after a compiling one of:
 
@@ -126,6 +128,12 @@ def child(what: str, model_name: str, dtype: str, calls: int, **shape) -> dict:
   the update's ``groups`` / ``chunk_size``."""
   import resource
 
+  if os.environ.get("RLVR_JAX_MALLOC") == "keep":
+    # rlvr_jax.main's host_memory.configure_jax, spelled out so that any revision gets it
+    # (tools/bench_revisions.py runs this on other checkouts' rlvr_jax).
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
   cfg = _model_config(model_name, dtype)
   call = CALLS[what](cfg, **shape)
   call()  # compiles
@@ -146,6 +154,7 @@ def run_child(what: str, setting: str, args) -> dict:
 
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env.pop("GLIBC_TUNABLES", None)
+  env[host_memory.SETTING] = host_memory.DEFAULT if setting == "on" else "0"
   if setting == "on":
     env["GLIBC_TUNABLES"] = host_memory.TUNABLE
   cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--model", args.model]

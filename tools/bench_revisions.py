@@ -96,6 +96,7 @@ def main():
   try:
     roots = {rev: checkout(rev, folder) for rev, _ in variants}
     env = dict(os.environ, GLIBC_TUNABLES=host_memory.TUNABLE)
+    env[host_memory.SETTING] = host_memory.DEFAULT  # the child applies its jax half
     medians = {v: [] for v in args.variants}
     for _ in range(args.rounds):
       for text, (rev, chunk) in zip(args.variants, variants, strict=True):
