@@ -135,7 +135,7 @@ def malloc_environ(
   setting = active_setting(environ)
   if setting == "0" or environ.get(_REEXECUTED):
     return None
-  wanted = tunables(setting).split(":")
+  wanted = SETTINGS[setting]  # a known name: active_setting checked it
   glibc = glibc_version() if glibc == DETECT else glibc
   mode = thp_mode() if mode == DETECT else mode
   if not system.startswith("linux") or glibc is None or glibc < (2, 35):

@@ -140,8 +140,9 @@ def test_main_runs_with_the_tunable_where_it_applies(tmp_path):
     # Linux with glibc >= 2.35 and THP mode "madvise":
     expected = hm.malloc_environ(run_env)
     want = expected["GLIBC_TUNABLES"] if expected else ""
-    if hm.malloc_environ(run_env, **_LINUX):
-      assert hm.malloc_environ(run_env, **_LINUX)["GLIBC_TUNABLES"] == {
+    linux = hm.malloc_environ(run_env, **_LINUX)
+    if linux:
+      assert linux["GLIBC_TUNABLES"] == {
         "": hm.TUNABLE, "keep": hm.tunables("keep"), "hugepages": "glibc.malloc.hugetlb=1"
       }[setting]  # fmt: skip
     out = subprocess.run(

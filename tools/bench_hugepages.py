@@ -123,17 +123,25 @@ CALLS = {
 }
 
 
+def _launcher_host_memory():
+  """This checkout's ``rlvr_jax/host_memory.py``, loaded by path: tools/bench_revisions.py runs
+  ``child`` on other revisions' ``rlvr_jax``, which may predate ``configure_jax``, and every
+  revision must run under the same setting."""
+  import importlib.util
+
+  path = os.path.join(ROOT, "rlvr_jax", "host_memory.py")
+  spec = importlib.util.spec_from_file_location("_launcher_host_memory", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def child(what: str, model_name: str, dtype: str, calls: int, **shape) -> dict:
   """Times ``calls`` calls of ``CALLS[what]`` after a compiling one, in this process; ``shape``:
   the update's ``groups`` / ``chunk_size``."""
   import resource
 
-  if os.environ.get("RLVR_JAX_MALLOC") == "keep":
-    # rlvr_jax.main's host_memory.configure_jax, spelled out so that any revision gets it
-    # (tools/bench_revisions.py runs this on other checkouts' rlvr_jax).
-    import jax
-
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+  _launcher_host_memory().configure_jax()  # what rlvr_jax.main does under RLVR_JAX_MALLOC
   cfg = _model_config(model_name, dtype)
   call = CALLS[what](cfg, **shape)
   call()  # compiles

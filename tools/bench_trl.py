@@ -422,7 +422,9 @@ def main():
       )
       parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
   args = parser.parse_args()
-  settings = ("keep", "hugepages", "none")
+  from rlvr_jax import host_memory
+
+  settings = (*host_memory.SETTINGS, "none")
   for flag, value, allowed in (("--malloc", args.malloc, settings),
                                ("--trl-malloc", args.trl_malloc, ("same", *settings))):  # fmt: skip
     if value not in allowed:
