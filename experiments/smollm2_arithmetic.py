@@ -13,17 +13,17 @@ Command (on the idle 2-core CPU a steady RL step takes 22-24 s, see below):
     --config=experiments/smollm2_arithmetic.py
   # a short smoke run:  --config.rl.num_steps=4 --config.data.num_eval=32
 
-Expected result: measured on the 2-core CPU (a smoke run on 16 held-out problems, session 3):
-greedy accuracy 0.375, pass@1 0.047 and pass@4 0.19 at temperature 1 before RL (most completions
-ramble past 64 tokens without a box: 87% truncated); 2 RL steps moved pass@1 0.047 -> 0.078, within
-noise. Time per RL step (session 16, idle machine, float32, the 4-step smoke run above on 8 held-out
-problems: 2 min 29 s in all, peak RSS 6.7 GB): the first step 43 s (mostly compilation), then 22-24 s
-(sampling 7 s, update 15-16 s; a step whose groups are all zero-variance skips the update). The
-earlier "about 4 minutes per step" was measured under load. Which run learns on this model:
+Expected result: measured on the 2-core CPU (a smoke run on 16 held-out problems, session 3): greedy
+accuracy 0.375, pass@1 0.047 and pass@4 0.19 at temperature 1 before RL (most completions ramble
+past 64 tokens without a box: 87% truncated); 2 RL steps moved pass@1 0.047 -> 0.078, within noise.
+Time per RL step (session 16, idle machine, float32, the 4-step smoke run above on 8 held-out
+problems: 2 min 29 s in all, peak RSS 6.7 GB): the first step 43 s (mostly compilation), then
+22-24 s (sampling 7 s, update 15-16 s; a step whose groups are all zero-variance skips the update).
+The earlier "about 4 minutes per step" was measured under load. Which run learns on this model:
 ``experiments/smollm2_learn.py`` (a larger token budget and a prompt chosen so pass@1 starts between
-0.1 and 0.5; docs/results.md). ``--config.model.compute_dtype=bfloat16`` made a step 1.8x
-faster in the TRL benchmark's setting (docs/benchmarks.md, session 10). Lower ``sampling.temperature`` (0.7) or a larger ``sampling.max_new_tokens`` give
-RL more signal here.
+0.1 and 0.5; docs/results.md). ``--config.model.compute_dtype=bfloat16`` made a step 1.8x faster in
+the TRL benchmark's setting (docs/benchmarks.md, session 10). Lower ``sampling.temperature`` (0.7)
+or a larger ``sampling.max_new_tokens`` give RL more signal here.
 """
 
 from rlvr_jax.train.config import base_config

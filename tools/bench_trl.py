@@ -415,20 +415,18 @@ def main():
   parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side (compiles)")
   parser.add_argument("--rounds", type=int, default=3, help="interleaved measured steps per side")
   parser.add_argument("--decode-rounds", type=int, default=3, help="0: skip the decode part")
+  from rlvr_jax import host_memory
+
+  settings = (*host_memory.SETTINGS, "none")
+  choices = {"malloc": settings, "trl_malloc": ("same", *settings)}
   for f in dataclasses.fields(Spec):
     if f.name not in ("dtype", "prompt_width"):
       kind = (
         (lambda v: v.lower() in ("1", "true")) if isinstance(f.default, bool) else type(f.default)
       )
-      parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
+      parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default,
+                          choices=choices.get(f.name))  # fmt: skip
   args = parser.parse_args()
-  from rlvr_jax import host_memory
-
-  settings = (*host_memory.SETTINGS, "none")
-  for flag, value, allowed in (("--malloc", args.malloc, settings),
-                               ("--trl-malloc", args.trl_malloc, ("same", *settings))):  # fmt: skip
-    if value not in allowed:
-      parser.error(f"{flag} {value!r}: expected one of {', '.join(allowed)}")
   folder = args.out_dir or tempfile.mkdtemp(prefix="bench_trl_")
   os.makedirs(folder, exist_ok=True)
   spec = Spec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Spec)
