@@ -1,6 +1,7 @@
 """EnvPool: the environments of a batch of episodes, in worker processes, with per-step timeouts.
 
-Design (after ``rlvr_jax.rewards.runtime``, whose failure helpers it imports):
+Design (after ``rlvr_jax.rewards.runtime``; the worker processes' parent side is shared with it,
+``rlvr_jax.rewards.worker_process``):
   * Workers are fresh interpreters (``subprocess``, never a fork of the trainer) that host the
     environments of many episodes; episode ``e`` lives on worker slot ``e % num_workers``. The
     batch's calls are sent as one message per worker; each reply restarts that worker's clock.
@@ -21,45 +22,26 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import math
 import multiprocessing.connection
-import os
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlvr_jax.envs import protocol, registry
 from rlvr_jax.envs.protocol import EnvFailure, ResetResult, StepResult
-from rlvr_jax.rewards.runtime import _exit_description
+from rlvr_jax.rewards import worker_process
+from rlvr_jax.rewards.worker_process import exit_description
 
 _WORKER_CMD = "from rlvr_jax.envs._worker import main; main()"
 
 
-class _Worker:
-  """A worker interpreter, its connection, and the units it is running (uids, in order)."""
+class _Worker(worker_process.WorkerProcess):
+  """An environment worker (see ``_worker.py``); ``wait_ready`` blocks until it is up."""
 
   def __init__(self, memory_limit_bytes: int | None, start_timeout_s: float):
-    parent_sock, child_sock = socket.socketpair()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    try:
-      self.proc = subprocess.Popen(
-        [sys.executable, "-c", _WORKER_CMD, str(child_sock.fileno())],
-        pass_fds=(child_sock.fileno(),),
-        stdin=subprocess.DEVNULL,
-        env=env,
-      )
-    finally:
-      child_sock.close()
-    self.conn = multiprocessing.connection.Connection(parent_sock.detach())
-    self.conn.send(("init", list(sys.path), memory_limit_bytes))
+    super().__init__(_WORKER_CMD, memory_limit_bytes)
     self.start_timeout_s = start_timeout_s
-    self.ready = False
-    self.units: collections.deque[int] = collections.deque()
-    self.started, self.deadline = 0.0, math.inf
 
   def wait_ready(self) -> None:
     if self.ready:
@@ -72,20 +54,8 @@ class _Worker:
     except (EOFError, OSError):
       self.proc.wait()
       raise RuntimeError(
-        f"environment worker died while starting ({_exit_description(self.proc.returncode)})"
+        f"environment worker died while starting ({exit_description(self.proc.returncode)})"
       ) from None
-
-  def is_alive(self) -> bool:
-    return self.proc.poll() is None
-
-  def kill(self) -> None:
-    if self.is_alive():
-      self.proc.kill()
-    try:
-      self.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-      pass
-    self.conn.close()
 
 
 @dataclasses.dataclass
@@ -109,7 +79,7 @@ class _Unit:
   timeout_s: float
 
 
-class EnvPool:
+class EnvPool(worker_process.ScheduledPool):
   """Environments of a batch of episodes in worker processes.
 
   Args:
@@ -198,19 +168,6 @@ class EnvPool:
     out["env/worker_restarts"] = float(self.worker_restarts)
     return out
 
-  def close(self) -> None:
-    if self._closed:
-      return
-    self._closed = True
-    self._executor.submit(self._stop_workers).result()
-    self._executor.shutdown(wait=True)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
   def _check_open(self) -> None:
     if self._closed:
       raise RuntimeError("EnvPool is closed")
@@ -265,17 +222,7 @@ class EnvPool:
       w.wait_ready()
 
   def _stop_workers(self) -> None:
-    for w in self._workers:
-      try:
-        w.conn.send(("stop",))
-      except OSError:
-        pass
-    for w in self._workers:
-      try:
-        w.proc.wait(timeout=2)
-      except subprocess.TimeoutExpired:
-        pass
-      w.kill()
+    worker_process.stop_all(self._workers)
     self._workers = []
 
   def _slot(self, unit: _Unit) -> int:
@@ -413,7 +360,7 @@ class EnvPool:
       if w.units:
         uid = w.units.popleft()
         failure = EnvFailure(
-          "crash", _exit_description(w.proc.returncode), time.monotonic() - w.started
+          "crash", exit_description(w.proc.returncode), time.monotonic() - w.started
         )
         self._lose_worker(slot, uid, failure, units, queue, finish)
 

@@ -33,10 +33,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -46,7 +43,7 @@ import cloudpickle
 import numpy as np
 
 from rlvr_jax.rewards import _worker as _worker_mod
-from rlvr_jax.rewards import protocol
+from rlvr_jax.rewards import protocol, worker_process
 from rlvr_jax.rewards._worker import describe as _describe
 from rlvr_jax.rewards.protocol import ItemTimeout  # noqa: F401  (re-exported)
 
@@ -95,43 +92,13 @@ def _to_host(name: str, value: Any) -> Any:
 _WORKER_CMD = "from rlvr_jax.rewards._worker import main; main()"
 
 
-class _Worker:
-  """A worker process (a fresh interpreter, see ``_worker.py``) and its connection."""
+class _Worker(worker_process.WorkerProcess):
+  """A reward worker (a fresh interpreter, see ``_worker.py``)."""
 
   def __init__(self, memory_limit_bytes: int | None, item_budget_s: float | None = None):
-    parent_sock, child_sock = socket.socketpair()
-    env = _worker_env(item_budget_s)
-    # So the child finds rlvr_jax before it receives the parent's exact sys.path.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    try:
-      self.proc = subprocess.Popen(
-        [sys.executable, "-c", _WORKER_CMD, str(child_sock.fileno())],
-        pass_fds=(child_sock.fileno(),),
-        stdin=subprocess.DEVNULL,
-        env=env,
-      )
-    finally:
-      child_sock.close()
-    self.conn = multiprocessing.connection.Connection(parent_sock.detach())
-    self.conn.send(("init", list(sys.path), memory_limit_bytes))
+    super().__init__(_WORKER_CMD, memory_limit_bytes, _worker_env(item_budget_s))
     self.spawned = time.monotonic()
-    self.ready = False  # set when the worker's ("ready",) arrives
-    self.units: collections.deque[int] = collections.deque()
-    self.deadline = math.inf
-    self.started = 0.0
     self.loaded = False
-
-  def is_alive(self) -> bool:
-    return self.proc.poll() is None
-
-  def kill(self) -> None:
-    if self.is_alive():
-      self.proc.kill()
-    try:
-      self.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-      pass
-    self.conn.close()
 
 
 def dumps_reward(reward_fn: Any) -> bytes:
@@ -158,20 +125,7 @@ def _worker_env(item_budget_s: float | None) -> dict[str, str]:
   return env
 
 
-def _exit_description(exitcode: int | None) -> str:
-  if exitcode is None:
-    return "worker died (exit code unknown)"
-  if exitcode < 0:
-    try:
-      name = signal.Signals(-exitcode).name
-    except ValueError:
-      name = f"signal {-exitcode}"
-    hint = " (killed: possibly out of memory)" if exitcode == -signal.SIGKILL else ""
-    return f"worker killed by {name}{hint}"
-  return f"worker exited with code {exitcode}"
-
-
-class RewardRuntime:
+class RewardRuntime(worker_process.ScheduledPool):
   """Pool of reward worker processes with per-item wall-clock timeouts.
 
   Args:
@@ -255,19 +209,6 @@ class RewardRuntime:
     """Blocking ``submit(...).result()``."""
     return self.submit(reward_fn, prompts, completions, **kwargs).result()
 
-  def close(self) -> None:
-    if self._closed:
-      return
-    self._closed = True
-    self._executor.submit(self._stop_workers).result()
-    self._executor.shutdown(wait=True)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
   # --- scheduling (runs on the single executor thread) -------------------------------------------
 
   def _new_worker(self) -> _Worker:
@@ -286,17 +227,7 @@ class RewardRuntime:
     if self._spare is not None:
       self._workers.append(self._spare)
       self._spare = None
-    for w in self._workers:
-      try:
-        w.conn.send(("stop",))
-      except OSError:
-        pass
-    for w in self._workers:
-      try:
-        w.proc.wait(timeout=2)
-      except subprocess.TimeoutExpired:
-        pass
-      w.kill()
+    worker_process.stop_all(self._workers)
     self._workers = []
 
   def _ready(self, worker: _Worker) -> bool:
@@ -315,7 +246,7 @@ class RewardRuntime:
       self._start_failures += 1
       if self._start_failures > 3:
         raise RuntimeError(
-          f"reward workers die while starting ({_exit_description(worker.proc.returncode)})"
+          f"reward workers die while starting ({worker_process.exit_description(worker.proc.returncode)})"
         ) from None
       self._replace(worker)
       return False
@@ -436,7 +367,7 @@ class RewardRuntime:
               w.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
               pass  # closed its socket but lives on: killed by _replace
-            fail_current(w, "crash", _exit_description(w.proc.returncode))
+            fail_current(w, "crash", worker_process.exit_description(w.proc.returncode))
         elif w.units and time.monotonic() >= w.deadline:
           what = "item" if w.loaded else "loading reward_fn"
           fail_current(
