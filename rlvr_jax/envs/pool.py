@@ -168,10 +168,6 @@ class EnvPool(worker_process.ScheduledPool):
     out["env/worker_restarts"] = float(self.worker_restarts)
     return out
 
-  def _check_open(self) -> None:
-    if self._closed:
-      raise RuntimeError("EnvPool is closed")
-
   # --- jobs (on the scheduler thread) ----------------------------------------------------------
 
   def _reset_job(self, seeds, specs) -> list[ResetResult]:

@@ -46,6 +46,7 @@ from rlvr_jax.rewards import _worker as _worker_mod
 from rlvr_jax.rewards import protocol, worker_process
 from rlvr_jax.rewards._worker import describe as _describe
 from rlvr_jax.rewards.protocol import ItemTimeout  # noqa: F401  (re-exported)
+from rlvr_jax.rewards.worker_process import exit_description
 
 # "invalid": the reward returned a wrong type, length or a non-finite value for the row.
 CAUSES = ("timeout", "crash", "exception", "memory", "invalid")
@@ -188,8 +189,7 @@ class RewardRuntime(worker_process.ScheduledPool):
     called on one-row batches, with ``"group"`` on whole groups (needs ``group_size``), with
     ``"batch"`` once on the whole batch; a failure then fails every row of that unit.
     """
-    if self._closed:
-      raise RuntimeError("RewardRuntime is closed")
+    self._check_open()
     prompts, completions = list(prompts), list(completions)
     fields = {k: _to_host(k, v) for k, v in fields.items()}
     num_rows, group_size = protocol.check_batch(prompts, completions, fields)
@@ -246,7 +246,7 @@ class RewardRuntime(worker_process.ScheduledPool):
       self._start_failures += 1
       if self._start_failures > 3:
         raise RuntimeError(
-          f"reward workers die while starting ({worker_process.exit_description(worker.proc.returncode)})"
+          f"reward workers die while starting ({exit_description(worker.proc.returncode)})"
         ) from None
       self._replace(worker)
       return False
@@ -367,7 +367,7 @@ class RewardRuntime(worker_process.ScheduledPool):
               w.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
               pass  # closed its socket but lives on: killed by _replace
-            fail_current(w, "crash", worker_process.exit_description(w.proc.returncode))
+            fail_current(w, "crash", exit_description(w.proc.returncode))
         elif w.units and time.monotonic() >= w.deadline:
           what = "item" if w.loaded else "loading reward_fn"
           fail_current(

@@ -92,7 +92,8 @@ class ScheduledPool:
   """Lifecycle of a pool whose workers are only touched on one scheduler thread.
 
   Subclasses set ``self._executor`` (a one-thread ``ThreadPoolExecutor``) and ``self._closed``,
-  and define ``_stop_workers`` (run on that thread by ``close``).
+  define ``_stop_workers`` (run on that thread by ``close``) and call ``_check_open`` before
+  accepting work.
   """
 
   _executor: concurrent.futures.ThreadPoolExecutor
@@ -100,6 +101,10 @@ class ScheduledPool:
 
   def _stop_workers(self) -> None:
     raise NotImplementedError
+
+  def _check_open(self) -> None:
+    if self._closed:
+      raise RuntimeError(f"{type(self).__name__} is closed")
 
   def close(self) -> None:
     if self._closed:
