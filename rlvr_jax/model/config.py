@@ -24,6 +24,10 @@ SUPPORTED_ARCHITECTURES = {
 }
 SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
+# ``ModelConfig.attention``: how the no-cache forward (training, scoring, prefill) computes its
+# causal self-attention (``rlvr_jax.model.attention``). "auto" picks per platform.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "pallas_gpu", "splash", "ring")
+
 
 class UnsupportedModelError(ValueError):
   """The checkpoint's architecture or an option of it is not implemented here."""
@@ -58,6 +62,12 @@ class ModelConfig:
       copy. The dtype actually used is ``activation_dtype`` (see there). Softmax, norms and
       log-prob statistics stay float32 in every mode.
     remat: rematerialise each decoder layer in the backward pass (saves activation memory).
+    attention: the self-attention implementation of the no-cache forward, one of
+      ``ATTENTION_IMPLEMENTATIONS`` (``rlvr_jax.model.attention.self_attention``): "xla" the
+      einsum reference ([B, N, S, S] scores), "blockwise" online softmax in O(S) memory,
+      "cudnn" / "pallas_gpu" GPU kernels, "splash" the TPU kernel, "ring" context parallelism
+      over the mesh axis "context"; "auto" picks per platform. The decode path (KV cache)
+      always uses ``layers.cached_attention``.
     family: "llama", "qwen2" or "qwen3" (used when exporting a config.json).
   """
 
@@ -82,6 +92,7 @@ class ModelConfig:
   compute_dtype: str = "float32"
   remat: bool = False
   family: str = "llama"
+  attention: str = "auto"
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -94,6 +105,10 @@ class ModelConfig:
       raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
     if self.compute_dtype not in ("float32", "bfloat16"):
       raise ValueError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(
+        f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}"
+      )
     if self.family not in ("llama", "qwen2", "qwen3"):
       raise UnsupportedModelError(f"unknown family {self.family!r}")
 

@@ -34,14 +34,20 @@ def build_model(c, *, vocab_size: int | None = None, eos_id: int | None = None, 
       dtype=m.dtype,
       compute_dtype=m.compute_dtype,
       remat=m.remat,
+      attention=m.attention,
     )
     return model.init_params(cfg, jax.random.key(c.seed)), cfg, None
   if m.source == "smollm2":
     params, cfg, tok = model.load_smollm2(dtype=m.dtype)
-    return params, cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype), tok
+    return params, cfg.replace(**_runtime_fields(m)), tok
   params, cfg = model.load_hf(m.path, dtype=m.dtype)
-  cfg = cfg.replace(remat=m.remat, compute_dtype=m.compute_dtype)
+  cfg = cfg.replace(**_runtime_fields(m))
   return params, cfg, model.Tokenizer.from_pretrained(m.path)
+
+
+def _runtime_fields(m) -> dict:
+  """The ``ModelConfig`` fields a run sets on a loaded checkpoint's config (not read from it)."""
+  return dict(remat=m.remat, compute_dtype=m.compute_dtype, attention=m.attention)
 
 
 def build_tokenizer_and_model(c):

@@ -19,6 +19,7 @@ from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.losses import CommonOptions
+from rlvr_jax.model import config as model_config_lib
 from rlvr_jax.train import (
   auxiliary_loss,
   env_config,
@@ -110,6 +111,9 @@ def base_config() -> ConfigDict:
       dtype="float32",
       compute_dtype="float32",  # 'bfloat16': mixed precision (float32 master weights)
       remat=False,
+      # Self-attention of the update and scoring passes (rlvr_jax.model.attention): 'auto' picks
+      # per platform (cuDNN on GPU, splash on TPU, the einsum or blockwise on CPU).
+      attention="auto",
       hidden_size=64,
       intermediate_size=256,
       num_layers=2,
@@ -306,6 +310,11 @@ def validate(c) -> None:
   _need(c.model.source != "hf" or bool(c.model.path), "model.path", "needed for model.source='hf'")
   _need(c.model.dtype in DTYPES, "model.dtype", f"{c.model.dtype!r}")
   _need(c.model.compute_dtype in DTYPES, "model.compute_dtype", f"{c.model.compute_dtype!r}")
+  _need(
+    c.model.attention in model_config_lib.ATTENTION_IMPLEMENTATIONS,
+    "model.attention",
+    f"{c.model.attention!r} not in {model_config_lib.ATTENTION_IMPLEMENTATIONS}",
+  )
   _need(c.tokenizer.kind in ("char", "model"), "tokenizer.kind", f"{c.tokenizer.kind!r}")
   _need(
     c.model.source == "tiny" or c.tokenizer.kind == "model",

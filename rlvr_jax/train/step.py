@@ -327,10 +327,15 @@ def apply_update(cfg: StepConfig, state: TrainState, loss, grads):
 
   def update(_):
     if isinstance(cfg.optimizer, OptimizerSpec):  # the trainer's AdamW: fewer passes, same math
-      return cfg.optimizer.fused_apply(grads, state.opt_state, state.params, grad_norm)
-    updates, opt_state = cfg.optimizer.update(grads, state.opt_state, state.params)
-    norm = optax.global_norm(updates).astype(jnp.float32)
-    return optax.apply_updates(state.params, updates), opt_state, norm
+      params, opt_state, norm = cfg.optimizer.fused_apply(
+        grads, state.opt_state, state.params, grad_norm
+      )
+    else:
+      updates, opt_state = cfg.optimizer.update(grads, state.opt_state, state.params)
+      params, norm = optax.apply_updates(state.params, updates), optax.global_norm(updates)
+    # float32 whatever the params' dtype: both branches of the cond must agree (bfloat16 params
+    # give a bfloat16 norm).
+    return params, opt_state, norm.astype(jnp.float32)
 
   def skip(_):
     return state.params, state.opt_state, jnp.zeros((), jnp.float32)
