@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.model import layers as L
+from rlvr_jax.model.attention import segment_ids_from_positions, self_attention
 from rlvr_jax.model.cache import KVCache, grow_cache, kv_shapes, to_cache_layout
 from rlvr_jax.model.config import ModelConfig
 from rlvr_jax.model.precision import compute_params
@@ -176,16 +177,22 @@ def _differentiable(layer, config: ModelConfig):
   return layer
 
 
-def _run_layers(params, x, cos, sin, mask, config: ModelConfig, collect: bool, keep_kv=False):
-  """Scans the stacked layers (no cache).
+def _run_layers(params, x, cos, sin, segments, config: ModelConfig, collect: bool, keep_kv=False):
+  """Scans the stacked layers (no cache). ``segments`` = (segment_ids [B, S], max_segments):
+  causal self-attention within segments (``attention.self_attention``, by
+  ``config.attention``).
 
   Returns (x, per-layer inputs [L, B, S, D] or None, (keys, values) [L, B, S, K, H] or None).
   """
   K = config.num_kv_heads
+  segment_ids, max_segments = segments
 
   def layer(x, lp):
     q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
-    attn = L.attention(q, k, v, mask, num_kv_heads=K)
+    attn = self_attention(
+      q, k, v, segment_ids, num_kv_heads=K, implementation=config.attention,
+      max_segments=max_segments,
+    )  # fmt: skip
     kept = (x if collect else None, (k, v) if keep_kv else None)
     return _block_tail(lp, x, attn, config), jax.tree.map(_to_bits, kept)
 
@@ -280,9 +287,13 @@ def _without_layers(params: Params) -> Params:
   return {k: v for k, v in params.items() if k != "layers"}
 
 
-def _forward(params, tokens, positions, config: ModelConfig, cache, collect: bool, fill=None):
+def _forward(
+  params, tokens, positions, config: ModelConfig, cache, collect: bool, fill=None, segments=None
+):
   """The decoder. ``fill`` = (max_len, dtype): run without a cache and return a fresh one holding
-  the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path). Runs on
+  the S tokens' keys / values (a prefill from an empty cache, by the ``scan`` path).
+  ``segments`` = (segment_ids [B, S], max_segments) for packed rows (no cache); by default each
+  row is one segment (its tokens with position >= 0). Runs on
   ``compute_params(params)`` (a no-op unless float32 params meet a bfloat16 compute dtype); on
   the scan path the layers' weights are cast inside the scan body, by ``L.linear``."""
   _check_inputs(params, tokens, positions, config, cache)
@@ -303,9 +314,9 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
   stored = jnp.where(valid, positions, -1)  # the positions a cache keeps: -1 on padding
   new_cache = None
   if cache is None:
-    causal = jnp.tril(jnp.ones((S, S), bool))
-    mask = causal[None, :, :] & valid[:, None, :]
-    x, seen, kv = _run_layers(params, x, cos, sin, mask, config, collect, fill is not None)
+    if segments is None:
+      segments = (segment_ids_from_positions(positions), 1)
+    x, seen, kv = _run_layers(params, x, cos, sin, segments, config, collect, fill is not None)
     if fill is not None:
       new_cache = _cache_from_prompt(kv, stored, *fill)
   else:
@@ -321,7 +332,7 @@ def _forward(params, tokens, positions, config: ModelConfig, cache, collect: boo
   return out, new_cache, seen
 
 
-@functools.partial(jax.jit, static_argnames=("config", "return_logits"))
+@functools.partial(jax.jit, static_argnames=("config", "return_logits", "max_segments"))
 def forward(
   params: Params,
   tokens: jax.Array,
@@ -330,6 +341,8 @@ def forward(
   config: ModelConfig,
   cache: KVCache | None = None,
   return_logits: bool = False,
+  segment_ids: jax.Array | None = None,
+  max_segments: int = 1,
 ) -> tuple[jax.Array, KVCache | None]:
   """Runs the decoder on S new tokens per row.
 
@@ -346,11 +359,23 @@ def forward(
     cache: optional ``KVCache`` with batch B and S_max >= index + S (not checked at run time:
       writes past the end are clamped by ``dynamic_update_slice``).
     return_logits: return logits [B, S, V] float32 instead of the hidden states.
+    segment_ids: optional [B, S] int32 (no cache only): packed rows, several sequences per row
+      numbered 1, 2, ... in order, 0 on padding; attention never crosses a segment and
+      ``positions`` restart in each. Default: each row one sequence (``positions >= 0``).
+    max_segments: the most segments a row holds (static; used by the cuDNN kernel).
   Returns:
     (out, cache): out is [B, S, D] final hidden states (after the final RMSNorm) in the compute
     dtype, or [B, S, V] float32 logits; cache is the updated cache (None when none was given).
   """
-  out, new_cache, _ = _forward(params, tokens, positions, config, cache, collect=False)
+  if segment_ids is not None:
+    if cache is not None:
+      raise ValueError("forward: segment_ids (packed rows) are for the no-cache forward only")
+    if segment_ids.shape != tokens.shape:
+      raise ValueError(
+        f"segment_ids {segment_ids.shape} must have the shape of tokens {tokens.shape}"
+      )
+  segments = None if segment_ids is None else (segment_ids.astype(jnp.int32), max_segments)
+  out, new_cache, _ = _forward(params, tokens, positions, config, cache, False, segments=segments)
   if return_logits:
     out = logits_from_hidden(params, out, config)
   return out, new_cache

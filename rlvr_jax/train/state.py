@@ -68,6 +68,9 @@ class TrainBatch:
     ref_logp: [B, T] float32 reference log-probs, or None.
     extras: dict of extra [B, T] per-token inputs objectives ask for by keyword (e.g. proxy_logp).
     aux: dict of [B] per-row inputs of the auxiliary loss (``losses.AUX_READS``), or None.
+    packed: a ``rlvr_jax.train.packing.PackedLayout`` (the model runs on the packed rows, and
+      the hidden states are gathered back to this [B, T] layout), or None (the model runs on
+      ``tokens``).
   """
 
   tokens: jax.Array
@@ -79,3 +82,4 @@ class TrainBatch:
   ref_logp: Any
   extras: Any
   aux: Any = None
+  packed: Any = None

@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from rlvr_jax import logprobs, losses, model
+from rlvr_jax.train import packing
 from rlvr_jax.train.optimizer import OptimizerSpec
 from rlvr_jax.train.state import TrainBatch, TrainState
 
@@ -73,6 +74,7 @@ def completion_hidden(
   model_config,
   with_states: bool = False,
   prompt_group: int = 1,
+  packed=None,
 ):
   """(hidden [B, T, D], unembed [D, V], targets [B, T]) for the last T tokens of ``tokens`` [B, S]:
   the final hidden states that predict them and the unembedding matrix. ``with_states`` appends
@@ -82,7 +84,10 @@ def completion_hidden(
   ``prompt_group`` G > 1: rows come in blocks of G with the same left-padded prompt (the first
   S - T columns; the caller guarantees it, ``shares_prompts``), and each prompt runs through the
   model once (``model.forward_shared_prompt``): the same values, P * Sp + B * T tokens of work
-  instead of B * S."""
+  instead of B * S.
+
+  ``packed``: a ``packing.PackedLayout`` of these rows: the model runs on its rows and the states
+  are gathered back to [B, T] (the same values; no work on padding)."""
   s = tokens.shape[1]
   if not 0 < num_completion < s:
     raise ValueError(
@@ -91,7 +96,17 @@ def completion_hidden(
   sp = s - num_completion
   targets = tokens[:, sp:]
   unembed = model.unembed_matrix(params, model_config)
-  if prompt_group > 1:
+  if packed is not None:
+    if prompt_group > 1:
+      raise ValueError("completion_hidden: packed rows and prompt_group > 1 exclude each other")
+    hidden, _ = model.forward(
+      params, packed.tokens, packed.positions, config=model_config,
+      segment_ids=packed.segment_ids, max_segments=packed.max_segments,
+    )  # fmt: skip
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    h = packing.gather_rows(flat, packed.predict_index)
+    states = packing.gather_rows(flat, packed.token_index)
+  elif prompt_group > 1:
     G = prompt_group
     prompt_h, states = model.forward_shared_prompt(
       params, tokens[::G, :sp], positions[::G, :sp], targets, positions[:, sp:],
@@ -127,13 +142,13 @@ def shares_prompts(prompt_tokens, prompt_mask, group: int, num_microbatches: int
 
 def completion_logprobs(
   params, tokens, positions, *, num_completion: int, model_config, temperature, chunk_size,
-  prompt_group: int = 1,
+  prompt_group: int = 1, packed=None,
 ):  # fmt: skip
   """logp [B, T] and entropy [B, T] (float32) of the last T tokens of ``tokens`` [B, S]
-  (``prompt_group``: see ``completion_hidden``)."""
+  (``prompt_group``, ``packed``: see ``completion_hidden``)."""
   h, unembed, targets = completion_hidden(
     params, tokens, positions, num_completion=num_completion, model_config=model_config,
-    prompt_group=prompt_group,
+    prompt_group=prompt_group, packed=packed,
   )  # fmt: skip
   return logprobs.token_logprobs_from_hidden(
     h, unembed, targets, temperature=temperature, chunk_size=chunk_size, compute_entropy=True
@@ -217,7 +232,7 @@ def score(cfg: StepConfig, params, mb: TrainBatch):
   return completion_logprobs(
     params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
     model_config=cfg.model_config, temperature=cfg.temperature, chunk_size=cfg.chunk_size,
-    prompt_group=cfg.prompt_group,
+    prompt_group=cfg.prompt_group, packed=mb.packed,
   )  # fmt: skip
 
 
@@ -262,6 +277,7 @@ def micro_batch_loss(cfg: StepConfig, params, mb: TrainBatch, num_tokens, num_se
   h, unembed, targets, *states = completion_hidden(
     params, mb.tokens, mb.positions, num_completion=mb.completion_mask.shape[1],
     model_config=cfg.model_config, with_states=aux is not None, prompt_group=cfg.prompt_group,
+    packed=mb.packed,
   )  # fmt: skip
   if cfg.fused:
     loss, logp, entropy = logprobs.fused_objective_from_hidden(

@@ -1,0 +1,115 @@
+"""The packed update layout: the plan on hand-made lengths, and the train step on packed rows equal
+to the padded step (loss, every metric, the updated params) for several objectives and
+micro-batch splits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rlvr_jax import model
+from rlvr_jax.train import packing
+from rlvr_jax.train import step as step_lib
+from rlvr_jax.train.state import TrainBatch, init_state
+
+CFG = model.ModelConfig.tiny(
+  vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+  head_dim=8, attention="xla",
+)  # fmt: skip
+B, S_P, T = 8, 5, 9
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  prompt = rng.integers(3, CFG.vocab_size, (B, S_P)).astype(np.int32)
+  prompt_len = rng.integers(1, S_P + 1, B)
+  pmask = np.arange(S_P)[None, :] >= (S_P - prompt_len)[:, None]  # left padding
+  comp = rng.integers(3, CFG.vocab_size, (B, T)).astype(np.int32)
+  lengths = np.array([T, 1, 4, 0, 7, 2, T, 3])  # long-tailed, one empty row
+  cmask = np.arange(T)[None, :] < lengths[:, None]
+  cmask[4, 2] = False  # a hole inside a completion (a tool's tokens in a multi-turn episode)
+  adv = rng.normal(size=(B, 1)).astype(np.float32) * cmask
+  tokens, positions = step_lib.sequence_inputs(prompt, pmask, jnp.asarray(comp))
+  old = rng.normal(size=(B, T)).astype(np.float32) * 0.1 - 3.0
+  batch = TrainBatch(
+    tokens=tokens, positions=positions, completion_mask=jnp.asarray(cmask),
+    advantages=jnp.asarray(adv), old_logp=jnp.asarray(old), sampler_logp=jnp.asarray(old + 0.01),
+    ref_logp=jnp.asarray(old - 0.02), extras={},
+  )  # fmt: skip
+  return batch, cmask
+
+
+def test_first_fit_decreasing_golden():
+  # Sorted 7, 5, 4, 3, 1 into width 8: [7, 1], [5, 3], [4].
+  assert packing.first_fit_decreasing([3, 7, 5, 1, 4], 8) == [[1, 3], [2, 0], [4]]
+  with pytest.raises(ValueError, match="9 tokens"):
+    packing.first_fit_decreasing([9], 8)
+
+
+def test_pack_batch_layout():
+  batch, cmask = _batch()
+  packed = packing.pack_batch(batch, num_microbatches=2, buckets=4).packed
+  tokens, positions = np.asarray(batch.tokens), np.asarray(batch.positions)
+  prompt_len, kept = packing.sequence_lengths(positions, cmask)
+  np.testing.assert_array_equal(kept, [T, 1, 4, 0, 7, 2, T, 3])
+  lengths = prompt_len + kept
+  W = S_P + T
+  M, b = 2, B // 2
+  r = packed.tokens.shape[0] // M
+  assert r <= b and packed.tokens.shape[1] == W
+  # Every real token is packed once; padding is gone up to the row rounding.
+  assert int((np.asarray(packed.segment_ids) > 0).sum()) == int(lengths.sum())
+  pk_tok = np.asarray(packed.tokens).reshape(M, r * W)
+  pk_pos = np.asarray(packed.positions).reshape(M, r * W)
+  for i in range(B):
+    m, c = i // b, kept[i]
+    at, pred = np.asarray(packed.token_index)[i, :c], np.asarray(packed.predict_index)[i, :c]
+    np.testing.assert_array_equal(pk_tok[m, at], tokens[i, S_P : S_P + c])
+    np.testing.assert_array_equal(pk_pos[m, at], positions[i, S_P : S_P + c])
+    np.testing.assert_array_equal(pk_tok[m, pred], tokens[i, S_P - 1 : S_P - 1 + c])
+  # Segments are numbered 1, 2, ... along each row, contiguous, padding (0) only at the end.
+  for row in np.asarray(packed.segment_ids):
+    real = row[row > 0]  # empty for the rows the rounding of r adds
+    assert (np.diff(real) >= 0).all() and (np.diff(real) <= 1).all() and real[:1].sum() <= 1
+    assert (row[len(real) :] == 0).all()
+  assert packed.max_segments >= max(len(set(row[row > 0])) for row in np.asarray(packed.segment_ids))
+  before = packing.padding_fraction(lengths, B, W)
+  after = packing.padding_fraction(lengths, packed.tokens.shape[0], W)
+  assert after < before
+
+
+def _step(objective, kwargs, num_microbatches, fused):
+  opt = optax.sgd(0.5)  # the update is the gradient: equal params <=> equal gradients
+  return step_lib.make_train_step(
+    model_config=CFG, optimizer=opt, objective=objective, objective_kwargs=kwargs,
+    num_microbatches=num_microbatches, chunk_size=4, fused_loss=fused,
+  ), opt  # fmt: skip
+
+
+@pytest.mark.parametrize(
+  "objective,kwargs,num_microbatches,fused",
+  [
+    ("grpo", {}, 1, "auto"),  # fused into the log-prob sweep
+    ("grpo", {"kl_coef": 0.1}, 2, False),  # KL to the reference, unfused
+    ("gspo", {}, 2, "auto"),  # sequence-level ratio
+    ("clip_cov", {"clip_cov_ratio": 0.25}, 2, "auto"),  # step-scope statistics pre-pass
+  ],
+)
+def test_packed_step_equals_padded(objective, kwargs, num_microbatches, fused):
+  batch, cmask = _batch()
+  step, opt = _step(objective, kwargs, num_microbatches, fused)
+  num_tokens, num_seqs = float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
+  extra = step_lib.init_extra(objective, kwargs) or None
+  results = []
+  for b in (batch, packing.pack_batch(batch, num_microbatches=num_microbatches)):
+    # The same initial params, fresh each time: the step donates its state.
+    state = init_state(model.init_params(CFG, jax.random.key(0)), opt, jax.random.key(1), extra)
+    state, metrics = step(state, b, num_tokens, num_seqs, jax.random.key(5))
+    results.append((jax.device_get(state.params), jax.device_get(metrics)))
+  (p0, m0), (p1, m1) = results
+  assert set(m0) == set(m1)
+  for k in m0:
+    np.testing.assert_allclose(m1[k], m0[k], rtol=2e-5, atol=2e-6, err_msg=k)
+  assert m0["update_norm"] > 0
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-6), p0, p1)
