@@ -28,6 +28,34 @@ SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2",
 # causal self-attention (``rlvr_jax.model.attention``). "auto" picks per platform.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "pallas_gpu", "splash", "ring")
 
+# The config.json fields of a few public checkpoints, for benchmarks and memory analyses with
+# random weights at the real shapes (no download): ``ModelConfig.from_hf_dict(HF_CONFIGS[name])``.
+_QWEN2 = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rms_norm_eps=1e-6,
+              rope_theta=1000000.0, max_position_embeddings=32768, vocab_size=151936,
+              bos_token_id=151643, eos_token_id=151643)  # fmt: skip
+HF_CONFIGS = {
+  "Qwen/Qwen2.5-1.5B": dict(
+    _QWEN2,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+  ),  # fmt: skip
+  "Qwen/Qwen2.5-7B": dict(
+    _QWEN2,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    tie_word_embeddings=False,
+    max_position_embeddings=131072,
+    vocab_size=152064,
+  ),  # fmt: skip
+}
+
 
 class UnsupportedModelError(ValueError):
   """The checkpoint's architecture or an option of it is not implemented here."""
