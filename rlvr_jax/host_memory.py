@@ -36,14 +36,44 @@ the same name is left out. Then it calls ``configure_jax``. ``RLVR_JAX_MALLOC``:
 change (it is where memory comes from, not what is computed). A Python process started another
 way (a notebook, ``rlvr_jax.api``) gets it by setting ``GLIBC_TUNABLES`` to ``tunables(setting)``
 before the interpreter starts and calling ``configure_jax()`` before jax computes anything.
+
+**CPU only.** Both halves apply only where jax will compute on the CPU (``jax_platform``): a GPU or
+TPU launch is never re-executed, its ``malloc`` and its jax settings are left as they are (its
+large buffers live on the device; ``mmap_max=0`` and no trimming would only pin the host memory of
+its input pipeline). The platform is decided before jax starts, without importing it (the
+re-exec happens first thing, and jax's own ``jax.default_backend()`` would create the backends:
+the CPU client before ``jax_cpu_enable_async_dispatch`` is set, every client before
+``jax.distributed.initialize``). The rule, the first that answers:
+
+1. ``JAX_PLATFORMS`` set (non-empty): its first entry, jax's highest priority (``cpu``; ``cuda``,
+   ``rocm`` -> ``gpu``; ``tpu``; another name is another accelerator);
+2. ``JAX_PLATFORM_NAME`` set (the deprecated name of jax's default platform): the same;
+3. ``PJRT_NAMES_AND_LIBRARY_PATHS`` set (a PJRT plugin loaded by path): its first plugin's name;
+4. an accelerator jax would find and could use: its plugin is installed (found by importlib's
+   finders, nothing imported: a ``jax_plugins.*`` module, where the CUDA and ROCm PJRT wheels put
+   ``xla_cuda12``, ``xla_cuda13``, ``xla_rocm7``; a ``jax_cuda*_plugin`` / ``jax_rocm*_plugin``
+   package; ``libtpu`` or ``TPU_LIBRARY_PATH``) AND its hardware is visible (CUDA: jax's own
+   check, ``/dev/nvidia0``, ``/dev/nvidiactl`` or ``/dev/dxg``, unless ``CUDA_VISIBLE_DEVICES``
+   is "" or "-1"; ROCm: ``/dev/kfd`` or ``/dev/dxg``, unless ``HIP_VISIBLE_DEVICES`` /
+   ``ROCR_VISIBLE_DEVICES`` hides them; TPU: a Google PCI device, vendor 0x1ae0). A
+   ``jax_plugins`` module of any other name counts as an accelerator;
+5. else ``cpu``.
+
+Where it errs it errs towards "not CPU" (a CPU run without the tunables: slower XLA:CPU steps,
+the same numbers), never towards changing a GPU process's ``malloc``. A CUDA wheel installed on a
+machine without a GPU gives ``cpu``, as jax then falls back to the CPU. ``JAX_PLATFORMS=cpu``
+makes any machine a CPU launch.
 """
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
+import pkgutil
 import platform
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 # Each setting's name=value pairs, in the order they are appended to GLIBC_TUNABLES.
 HUGEPAGES = ("glibc.malloc.hugetlb=1",)
@@ -60,7 +90,97 @@ TUNABLE = ":".join(SETTINGS[DEFAULT])  # the default setting, as GLIBC_TUNABLES 
 SETTING = "RLVR_JAX_MALLOC"  # unset / "keep" / "hugepages" / "0" (leave malloc as it is)
 _REEXECUTED = "RLVR_JAX_MALLOC_REEXEC"  # set in the re-executed process: never loop
 THP_MODE_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
-DETECT = "detect"  # malloc_environ's glibc / mode: read them from this machine
+DETECT = "detect"  # an argument's default: read it from this machine (glibc, THP mode, platform)
+
+
+# jax_platform's rule (module docstring): the variables that name jax's platform, in order.
+PLATFORM_VARIABLES = ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "PJRT_NAMES_AND_LIBRARY_PATHS")
+_ALIASES = {"cuda": "gpu", "rocm": "gpu", "oneapi": "gpu"}  # jax's own platform aliases
+# The kernel packages of jax's CUDA / ROCm wheels (their PJRT plugins are jax_plugins.xla_*).
+PLUGIN_PACKAGES = (
+  "jax_cuda12_plugin",
+  "jax_cuda13_plugin",
+  "jax_rocm60_plugin",
+  "jax_rocm7_plugin",
+)
+# Per GPU kind: the device files that show its hardware (CUDA: jax's own hardware_utils check)
+# and the variables whose value "" or "-1" hides every device.
+_GPU_HARDWARE = {
+  "cuda": (("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg"), ("CUDA_VISIBLE_DEVICES",)),
+  "rocm": (("/dev/kfd", "/dev/dxg"), ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")),
+}
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def named_platform(environ: Mapping[str, str] = os.environ) -> str:
+  """The platform the environment names (steps 1-3 of the rule: ``JAX_PLATFORMS``'s first entry,
+  ``JAX_PLATFORM_NAME``, ``PJRT_NAMES_AND_LIBRARY_PATHS``'s first plugin), jax's aliases
+  resolved ("cuda" -> "gpu"); "" where none is set."""
+  for name in PLATFORM_VARIABLES:
+    first = environ.get(name, "").split(",")[0]
+    if name == "PJRT_NAMES_AND_LIBRARY_PATHS":  # "name:path,name:path"
+      first = first.split(":")[0]
+    first = first.strip().lower()
+    if first:
+      return _ALIASES.get(first, first)
+  return ""
+
+
+def jax_platform(
+  environ: Mapping[str, str] = os.environ,
+  *,
+  plugins: Iterable[str] | str = DETECT,
+  exists: Callable[[str], bool] = os.path.exists,
+  google_pci: bool | str = DETECT,
+) -> str:
+  """The platform jax will compute on: "cpu", "gpu", "tpu" or another accelerator's name, decided
+  without importing jax (the module docstring's rule). ``plugins`` (default
+  ``installed_plugins()``), ``exists`` (a path check) and ``google_pci`` (default
+  ``has_google_pci_device()``) describe this machine; tests replace them."""
+  if named := named_platform(environ):
+    return named
+  plugins = installed_plugins(environ) if plugins == DETECT else plugins
+  for plugin in sorted(plugins):
+    kind = next((k for k in _GPU_HARDWARE if k in plugin), None)
+    if kind is not None:
+      devices, variables = _GPU_HARDWARE[kind]
+      hidden = any(environ.get(v) in ("", "-1") for v in variables)
+      if not hidden and any(exists(d) for d in devices):
+        return "gpu"
+    elif "tpu" in plugin:
+      if has_google_pci_device() if google_pci == DETECT else google_pci:
+        return "tpu"
+    else:  # a PJRT plugin of another accelerator: never the CPU's settings
+      return plugin.rsplit(".", 1)[-1]
+  return "cpu"
+
+
+def installed_plugins(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
+  """jax's accelerator plugins on this interpreter's path, found by importlib's finders without
+  importing anything: the ``jax_plugins.*`` modules (the namespace package jax scans), the
+  ``PLUGIN_PACKAGES``, and "libtpu" (the module, or ``TPU_LIBRARY_PATH`` naming a file)."""
+  found = set()
+  namespace = importlib.util.find_spec("jax_plugins")
+  if namespace is not None and namespace.submodule_search_locations:
+    for module in pkgutil.iter_modules(namespace.submodule_search_locations):
+      found.add(f"jax_plugins.{module.name}")
+  found.update(name for name in PLUGIN_PACKAGES if importlib.util.find_spec(name))
+  if os.path.isfile(environ.get("TPU_LIBRARY_PATH", "")) or importlib.util.find_spec("libtpu"):
+    found.add("libtpu")
+  return frozenset(found)
+
+
+def has_google_pci_device(pattern: str = "/sys/bus/pci/devices/*/vendor") -> bool:
+  """Whether a PCI device of Google's vendor id is attached: its TPUs, but also its gVNIC network
+  cards (an installed libtpu then makes a CPU VM on Google Cloud a TPU one: the safe way to err)."""
+  for path in glob.glob(pattern):
+    try:
+      with open(path) as f:
+        if f.read().strip() == _GOOGLE_PCI_VENDOR:
+          return True
+    except OSError:
+      continue
+  return False
 
 
 def thp_mode(path: str = THP_MODE_PATH) -> str:
@@ -103,14 +223,18 @@ def active_setting(environ: Mapping[str, str] = os.environ) -> str:
   return setting
 
 
-def configure_jax(environ: Mapping[str, str] = os.environ) -> bool:
+def configure_jax(environ: Mapping[str, str] = os.environ, *, platform_name: str = DETECT) -> bool:
   """The jax half of the active setting; call it before jax runs anything. Under "keep", XLA:CPU
   computations run on the calling thread (``jax_cpu_enable_async_dispatch=False``): their
   buffers then come from the main thread's ``malloc`` arena, the ``brk`` heap that the setting
   keeps; dispatched to XLA's client thread, the large ones came from that thread's own arena,
-  which maps blocks above its 64 MB heaps with ``mmap`` whatever ``mmap_max`` says. Returns
+  which maps blocks above its 64 MB heaps with ``mmap`` whatever ``mmap_max`` says. Only where
+  jax computes on the CPU (``platform_name``, default ``jax_platform(environ)``; not
+  ``jax.default_backend()``, which would create the CPU client before the setting). Returns
   whether it changed jax's configuration."""
   if active_setting(environ) not in SYNCHRONOUS:
+    return False
+  if (jax_platform(environ) if platform_name == DETECT else platform_name) != "cpu":
     return False
   import jax
 
@@ -124,17 +248,21 @@ def malloc_environ(
   system: str = sys.platform,
   glibc: tuple[int, int] | None | str = DETECT,
   mode: str = DETECT,
+  platform_name: str = DETECT,
 ) -> dict[str, str] | None:
   """The environment to re-execute with (``environ`` plus the tunables of the setting named by
   ``RLVR_JAX_MALLOC``, default "keep"), or None when nothing would change: set to "0",
-  already re-executed, not Linux, no glibc >= 2.35, or every one of our tunables already named
-  in ``GLIBC_TUNABLES``. The huge-page tunable is left out where the THP mode is not "madvise"
-  ("always" needs no advice, "never" ignores it): "hugepages" then changes nothing, "keep" keeps
-  the rest. The user's tunables are kept, and one of ours whose name they set is left out (their
-  value stands). An unknown setting raises ``ValueError`` naming the variable."""
+  already re-executed, jax will not compute on the CPU (``platform_name``, default
+  ``jax_platform(environ)``), not Linux, no glibc >= 2.35, or every one of our tunables already
+  named in ``GLIBC_TUNABLES``. The huge-page tunable is left out where the THP mode is not
+  "madvise" ("always" needs no advice, "never" ignores it): "hugepages" then changes nothing,
+  "keep" keeps the rest. The user's tunables are kept, and one of ours whose name they set is
+  left out (their value stands). An unknown setting raises ``ValueError`` naming the variable."""
   setting = active_setting(environ)
   if setting == "0" or environ.get(_REEXECUTED):
     return None
+  if (jax_platform(environ) if platform_name == DETECT else platform_name) != "cpu":
+    return None  # a GPU / TPU launch: its malloc stays as it is
   wanted = SETTINGS[setting]  # a known name: active_setting checked it
   glibc = glibc_version() if glibc == DETECT else glibc
   mode = thp_mode() if mode == DETECT else mode

@@ -17,10 +17,13 @@ Several devices / processes (docs/launch.md): ``--mesh=data,fsdp,tensor`` (one s
 runs the trainer on that mesh; ``--coordinator_address``, ``--num_processes``, ``--process_id`` (or
 SLURM / a TPU pod slice, detected) join several processes first (``rlvr_jax.distributed``).
 
-Launched as ``python -m rlvr_jax.main``, the process re-executes itself once with glibc
-tunables for ``malloc`` and runs XLA:CPU computations on the calling thread
+Launched as ``python -m rlvr_jax.main`` on the CPU, the process re-executes itself once with
+glibc tunables for ``malloc`` and runs XLA:CPU computations on the calling thread
 (``rlvr_jax.host_memory``: huge pages, freed buffers kept for reuse; faster XLA:CPU steps, the
 same numbers; ``RLVR_JAX_MALLOC=hugepages`` only the huge pages, ``RLVR_JAX_MALLOC=0`` neither).
+A GPU or TPU launch does neither: the platform comes from ``JAX_PLATFORMS`` /
+``JAX_PLATFORM_NAME`` when set, else from the accelerator plugins installed and the hardware
+visible (``host_memory.jax_platform``), decided before jax starts.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__":  # before anything allocates: malloc settings for XLA's buffers
-  from rlvr_jax import host_memory
+if __name__ == "__main__":  # before anything allocates: malloc settings for XLA:CPU's buffers
+  from rlvr_jax import host_memory  # both calls do nothing unless jax will compute on the CPU
 
   try:
     host_memory.reexec_with_malloc_tunables()
