@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from rlvr_jax import model
+from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import packing
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.state import TrainBatch, init_state
@@ -73,7 +74,9 @@ def test_pack_batch_layout():
     real = row[row > 0]  # empty for the rows the rounding of r adds
     assert (np.diff(real) >= 0).all() and (np.diff(real) <= 1).all() and real[:1].sum() <= 1
     assert (row[len(real) :] == 0).all()
-  assert packed.max_segments >= max(len(set(row[row > 0])) for row in np.asarray(packed.segment_ids))
+  assert packed.max_segments >= max(
+    len(set(row[row > 0])) for row in np.asarray(packed.segment_ids)
+  )
   before = packing.padding_fraction(lengths, B, W)
   after = packing.padding_fraction(lengths, packed.tokens.shape[0], W)
   assert after < before
@@ -113,3 +116,33 @@ def test_packed_step_equals_padded(objective, kwargs, num_microbatches, fused):
     np.testing.assert_allclose(m1[k], m0[k], rtol=2e-5, atol=2e-6, err_msg=k)
   assert m0["update_norm"] > 0
   jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-6), p0, p1)
+
+
+def _first_step_metrics(c):
+  from rlvr_jax.train.loop import Trainer
+
+  trainer = Trainer(c, log=lambda s: None)
+  try:
+    trainer.restore_or_start()
+    return trainer.rl_step(0), trainer.packing
+  finally:
+    trainer.close()
+
+
+@pytest.mark.parametrize("mesh", [False, True])
+def test_trainer_packed_first_step_equals_padded(tmp_path, mesh):
+  # The first RL step samples the same rollout either way (same params and keys); its update
+  # on packed rows gives the same loss, gradient norm and metrics. The mesh case shards the
+  # packed rows over (data=2, fsdp=2) and gathers the states across devices.
+  make = config_lib.tiny_mesh_config if mesh else config_lib.tiny_config
+  runs = []
+  for packing_mode in ("off", "on"):
+    c = make(tmp_path / packing_mode, rl=dict(packing=packing_mode, num_microbatches=2))
+    runs.append(_first_step_metrics(c))
+  (m0, packed0), (m1, packed1) = runs
+  assert (packed0, packed1) == (False, True)
+  # Both runs report the padding of both layouts (the same rollout: the same numbers).
+  assert m1["update/padding_packed"] == m0["update/padding_packed"]
+  assert m0["update/padding_packed"] < m0["update/padding_padded"]
+  for k in ("loss", "grad_norm", "update_norm", "entropy/mean", "logp_gap/mean", "reward/mean"):
+    np.testing.assert_allclose(m1[k], m0[k], rtol=1e-4, atol=1e-6, err_msg=k)

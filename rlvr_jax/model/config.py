@@ -43,6 +43,15 @@ HF_CONFIGS = {
     num_key_value_heads=2,
     tie_word_embeddings=True,
   ),  # fmt: skip
+  "Qwen/Qwen2.5-0.5B": dict(
+    _QWEN2,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+  ),  # fmt: skip
   "Qwen/Qwen2.5-7B": dict(
     _QWEN2,
     hidden_size=3584,

@@ -203,6 +203,9 @@ def base_config() -> ConfigDict:
       logprob_chunk=128,
       fused_loss="auto",  # 'auto' | 'on' | 'off': objective fused into the log-prob sweep
       share_prompts=True,  # a group's G rows run their common prompt once (train.step)
+      # 'auto' | 'on' | 'off': the update runs on packed rows, no padding (train.packing);
+      # 'auto': on for GPU / TPU, off on CPU. On replaces share_prompts.
+      packing="auto",
     )
   )
   c.objective = ConfigDict(dict(name=losses.DEFAULT_OBJECTIVE, kwargs=objective_kwargs_config()))
@@ -296,6 +299,17 @@ def _field_error(field: str, msg: str) -> ConfigError:
 def _need(cond: bool, field: str, msg: str) -> None:
   if not cond:
     raise _field_error(field, msg)
+
+
+# rl.packing -> whether the update packs its rows: 'auto' on accelerators only (on CPU, every
+# packed shape is one more compilation of the step, which costs more than the padding it saves
+# in short runs).
+PACKING = ("auto", "on", "off")
+
+
+def packing_enabled(c, platform: str) -> bool:
+  """Whether the update runs on packed rows (``rl.packing`` on this platform)."""
+  return c.rl.packing == "on" or (c.rl.packing == "auto" and platform != "cpu")
 
 
 # rl.fused_loss -> make_train_step(fused_loss=...): 'auto' fuses token-local objectives.
@@ -404,6 +418,7 @@ def validate(c) -> None:
     "rl.fused_loss",
     f"{r.fused_loss!r} not in {tuple(FUSED_LOSS)} (the objective fused into the log-prob sweep)",
   )
+  _need(r.packing in PACKING, "rl.packing", f"{r.packing!r} not in {tuple(PACKING)}")
   _need(
     r.num_minibatches >= 1 and r.prompts_per_step % r.num_minibatches == 0,
     "rl.num_minibatches",

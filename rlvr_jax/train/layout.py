@@ -64,6 +64,11 @@ class Layout:
     """The jitted ``train_step(state, batch, num_tokens, num_seqs, key)`` to call."""
     return train_step
 
+  @property
+  def row_multiple(self) -> int:
+    """Batch rows split evenly over the devices when their number is a multiple of this."""
+    return 1
+
   def place_batch(self, batch):
     """One minibatch (``TrainBatch`` of [B_mb, ...] arrays, the same on every process) placed
     for the train step."""

@@ -42,6 +42,7 @@ from rlvr_jax.train import (
   methods,
   multiturn,
   optimizer,
+  packing,
   platform_info,
   rollout,
   rundir,
@@ -150,7 +151,10 @@ class Trainer:
     # ``train_step`` calls the one chosen for the minibatch).
     G = c.sampling.num_samples
     self.shared_train_step, self.share_next = None, False
-    if r.share_prompts and G > 1:
+    # rl.packing: minibatches are packed on the host (``_minibatch``); packed rows hold whole
+    # sequences, so they replace the shared-prompt step.
+    self.packing = config_lib.packing_enabled(c, jax.default_backend())
+    if r.share_prompts and G > 1 and not self.packing:
       self.shared_train_step = step_lib.make_train_step(**step_kwargs, prompt_group=G)
     # State carried between steps by the methods (their specs say what), checkpointed.
     extra = step_lib.init_extra(objective, kwargs)
@@ -282,6 +286,10 @@ class Trainer:
     )
     num_tokens = float(cmask.sum())
     num_seqs = float((cmask.sum(-1) > 0).sum())
+    if self.packing:
+      tb = packing.pack_batch(
+        tb, num_microbatches=self.c.rl.num_microbatches, row_multiple=self.layout.row_multiple
+      )
     return self.layout.place_batch(tb), num_tokens, num_seqs
 
   def rl_step(self, step: int) -> dict:
@@ -315,7 +323,7 @@ class Trainer:
     t1 = time.perf_counter()
     P, G = c.rl.prompts_per_step, c.sampling.num_samples
     per_mb = P // c.rl.num_minibatches
-    update_metrics, skipped_empty, shared = [], 0, 0
+    update_metrics, skipped_empty, shared, padding = [], 0, 0, []
     for epoch in range(c.rl.num_epochs):
       order = np.arange(P)
       if epoch > 0:
@@ -332,6 +340,11 @@ class Trainer:
           batch.prompt_tokens[rows], batch.prompt_mask[rows], G, c.rl.num_microbatches
         )
         shared += self.share_next
+        padding.append(
+          packing.padding_report(
+            tb, num_microbatches=c.rl.num_microbatches, row_multiple=self.layout.row_multiple
+          )
+        )
         self.state, um = self.train_step(self.state, tb, num_tokens, num_seqs, key)
         update_metrics.append(um)
     prm_metrics = self._prm_update(batch) if self.prm_step is not None else {}
@@ -348,6 +361,8 @@ class Trainer:
     t2 = time.perf_counter()
     out["update/empty_skipped"] = float(skipped_empty)
     out["update/shared_prompts"] = shared / max(len(update_metrics), 1)  # rl.share_prompts
+    for k in padding[0] if padding else ():  # the update's padding, unpacked and packed
+      out[k] = float(np.mean([p[k] for p in padding]))
     out["update/num_skipped_total"] = float(self.state.num_skipped)
     out["time/update"] = t2 - t1
     out["time/rollout"] = t1 - t0

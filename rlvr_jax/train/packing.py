@@ -94,6 +94,34 @@ def padding_fraction(lengths, rows: int, width: int) -> float:
   return 1.0 - float(np.sum(lengths)) / float(rows * width)
 
 
+def plan(
+  lengths, *, num_microbatches: int, width: int, row_multiple: int = 1, buckets: int = 4
+) -> tuple[list[list[list[int]]], int]:
+  """(per micro-batch: bins of row indices local to it, rows per micro-batch r) for sequences of
+  ``lengths`` [B] packed into rows of ``width`` (``pack_batch``'s rounding of r)."""
+  lengths = np.asarray(lengths)
+  b = len(lengths) // num_microbatches
+  plans = [
+    first_fit_decreasing(lengths[m * b : (m + 1) * b], width) for m in range(num_microbatches)
+  ]
+  step = max(int(row_multiple), math.ceil(b / max(int(buckets), 1)))
+  r = max(len(p) for p in plans)
+  return plans, -(-r // step) * step
+
+
+def padding_report(batch: TrainBatch, *, num_microbatches: int, row_multiple: int = 1) -> dict:
+  """The padding fraction of the update's token rows, padded ([B, S]) and packed (``plan``'s
+  rows of S): ``{"update/padding_padded": .., "update/padding_packed": ..}``."""
+  B, S = np.shape(batch.tokens)
+  prompt_len, kept = sequence_lengths(batch.positions, batch.completion_mask)
+  lengths = prompt_len + kept
+  _, r = plan(lengths, num_microbatches=num_microbatches, width=S, row_multiple=row_multiple)
+  return {
+    "update/padding_padded": padding_fraction(lengths, B, S),
+    "update/padding_packed": padding_fraction(lengths, r * num_microbatches, S),
+  }
+
+
 def pack_batch(
   batch: TrainBatch,
   *,
@@ -122,10 +150,10 @@ def pack_batch(
   b = B // num_microbatches
   prompt_len, kept = sequence_lengths(positions, cmask)
   lengths = prompt_len + kept
-  plans = [first_fit_decreasing(lengths[m * b : (m + 1) * b], W) for m in range(num_microbatches)]
-  step = max(int(row_multiple), math.ceil(b / max(int(buckets), 1)))
-  r = max(len(p) for p in plans)
-  r = -(-r // step) * step
+  plans, r = plan(
+    lengths, num_microbatches=num_microbatches, width=W, row_multiple=row_multiple,
+    buckets=buckets,
+  )  # fmt: skip
   most = max(len(bin_) for p in plans for bin_ in p)
   max_segments = 1 << (most - 1).bit_length()
 
@@ -134,8 +162,8 @@ def pack_batch(
   out_seg = np.zeros((num_microbatches * r, W), np.int32)
   predict = np.zeros((B, T), np.int32)
   at = np.zeros((B, T), np.int32)
-  for m, plan in enumerate(plans):
-    for j, bin_ in enumerate(plan):
+  for m, bins in enumerate(plans):
+    for j, bin_ in enumerate(bins):
       row, offset = m * r + j, 0
       for k, local in enumerate(bin_):
         i = m * b + local

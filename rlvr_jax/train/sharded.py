@@ -319,6 +319,10 @@ class MeshLayout(Layout):
   def wrap_train_step(self, train_step):
     return sharded_train_step(train_step, self._shardings(), self.mesh)
 
+  @property
+  def row_multiple(self) -> int:
+    return int(self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1))
+
   def place_batch(self, batch):
     return shard_rows(batch, self.mesh)
 
