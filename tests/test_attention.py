@@ -78,9 +78,11 @@ def test_ragged_offsets_golden():
 def test_auto_implementation_by_platform_and_length():
   short = jnp.zeros((1, 128, 4, 64), jnp.bfloat16)
   long = jax.ShapeDtypeStruct((1, A.BLOCKWISE_MIN_LEN, 4, 64), jnp.float32)
-  assert A.auto_implementation(short, platform="gpu") == "cudnn"
-  assert A.auto_implementation(short.astype(jnp.float32), platform="gpu") == "xla"
-  assert A.auto_implementation(jnp.zeros((1, 8, 4, 12), jnp.bfloat16), platform="gpu") == "xla"
+  hopper, ampere = dict(platform="gpu", gpu_capability=(9, 0)), dict(gpu_capability=(8, 0))
+  assert A.auto_implementation(short, **hopper) == "cudnn"
+  assert A.auto_implementation(short, platform="gpu", **ampere) == "pallas_gpu"
+  assert A.auto_implementation(short.astype(jnp.float32), **hopper) == "xla"
+  assert A.auto_implementation(jnp.zeros((1, 8, 4, 12), jnp.bfloat16), **hopper) == "xla"
   assert A.auto_implementation(short, platform="tpu") == "splash"
   assert A.auto_implementation(short, platform="cpu") == "xla"
   assert A.auto_implementation(long, platform="cpu") == "blockwise"

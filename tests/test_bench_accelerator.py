@@ -154,9 +154,9 @@ def _run_tool(tmp_path, *args) -> dict:
 
 def test_tiny_update_on_cpu(tmp_path):
   r = _run_tool(
-    tmp_path, "--no-packing", "--rounds", "1", "--parts", "update", "--shapes", "4x64:2"
+    tmp_path, "--packing", "rows", "--rounds", "1", "--parts", "update", "--shapes", "4x64:2"
   )
-  assert r["settings"]["packing"] is False and r["settings"]["model"] == "tiny"
+  assert r["settings"]["packing"] == "rows" and r["settings"]["model"] == "tiny"
   assert r["rollout"] is None and r["rl_step"] is None
   assert "git_commit" in r and r["machine"]["ours_platform"] == "cpu"
   assert {"jax_version", "torch_version", "torch_device"} <= set(r["machine"])

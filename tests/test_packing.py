@@ -48,17 +48,30 @@ def test_first_fit_decreasing_golden():
     packing.first_fit_decreasing([9], 8)
 
 
-def test_pack_batch_layout():
+def test_ragged_width_grid():
+  widths = [packing.ragged_width(n) for n in range(1, 5000)]
+  assert all(w >= n and w % 8 == 0 for n, w in enumerate(widths, 1))
+  grid = sorted(set(widths))
+  big = [w for w in grid if w >= 512]  # below, rounding to multiples of 8 widens the steps
+  assert all(b / a <= 1.105 for a, b in zip(big, big[1:], strict=False))  # 9% apart
+  assert packing.ragged_width(2720) == 2904  # ceil(2^(92/8)) = 2897, to a multiple of 8
+
+
+@pytest.mark.parametrize("layout", packing.LAYOUTS)
+def test_pack_batch_layout(layout):
   batch, cmask = _batch()
-  packed = packing.pack_batch(batch, num_microbatches=2, buckets=4).packed
+  packed = packing.pack_batch(batch, num_microbatches=2, buckets=4, layout=layout).packed
   tokens, positions = np.asarray(batch.tokens), np.asarray(batch.positions)
   prompt_len, kept = packing.sequence_lengths(positions, cmask)
   np.testing.assert_array_equal(kept, [T, 1, 4, 0, 7, 2, T, 3])
   lengths = prompt_len + kept
-  W = S_P + T
   M, b = 2, B // 2
-  r = packed.tokens.shape[0] // M
-  assert r <= b and packed.tokens.shape[1] == W
+  r, W = packed.tokens.shape[0] // M, packed.tokens.shape[1]
+  if layout == "rows":
+    assert r <= b and W == S_P + T
+  else:  # one row per micro-batch, as wide as the longer micro-batch's tokens on the grid
+    most = max(lengths[:b].sum(), lengths[b:].sum())
+    assert r == 1 and W == packing.ragged_width(most)
   # Every real token is packed once; padding is gone up to the row rounding.
   assert int((np.asarray(packed.segment_ids) > 0).sum()) == int(lengths.sum())
   pk_tok = np.asarray(packed.tokens).reshape(M, r * W)
@@ -77,7 +90,7 @@ def test_pack_batch_layout():
   assert packed.max_segments >= max(
     len(set(row[row > 0])) for row in np.asarray(packed.segment_ids)
   )
-  before = packing.padding_fraction(lengths, B, W)
+  before = packing.padding_fraction(lengths, B, S_P + T)
   after = packing.padding_fraction(lengths, packed.tokens.shape[0], W)
   assert after < before
 
@@ -91,21 +104,22 @@ def _step(objective, kwargs, num_microbatches, fused):
 
 
 @pytest.mark.parametrize(
-  "objective,kwargs,num_microbatches,fused",
+  "objective,kwargs,num_microbatches,fused,layout",
   [
-    ("grpo", {}, 1, "auto"),  # fused into the log-prob sweep
-    ("grpo", {"kl_coef": 0.1}, 2, False),  # KL to the reference, unfused
-    ("gspo", {}, 2, "auto"),  # sequence-level ratio
-    ("clip_cov", {"clip_cov_ratio": 0.25}, 2, "auto"),  # step-scope statistics pre-pass
+    ("grpo", {}, 1, "auto", "rows"),  # fused into the log-prob sweep
+    ("grpo", {"kl_coef": 0.1}, 2, False, "ragged"),  # KL to the reference, unfused
+    ("gspo", {}, 2, "auto", "rows"),  # sequence-level ratio
+    ("clip_cov", {"clip_cov_ratio": 0.25}, 2, "auto", "ragged"),  # step-scope statistics
   ],
 )
-def test_packed_step_equals_padded(objective, kwargs, num_microbatches, fused):
+def test_packed_step_equals_padded(objective, kwargs, num_microbatches, fused, layout):
   batch, cmask = _batch()
   step, opt = _step(objective, kwargs, num_microbatches, fused)
   num_tokens, num_seqs = float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
   extra = step_lib.init_extra(objective, kwargs) or None
   results = []
-  for b in (batch, packing.pack_batch(batch, num_microbatches=num_microbatches)):
+  packed = packing.pack_batch(batch, num_microbatches=num_microbatches, layout=layout)
+  for b in (batch, packed):
     # The same initial params, fresh each time: the step donates its state.
     state = init_state(model.init_params(CFG, jax.random.key(0)), opt, jax.random.key(1), extra)
     state, metrics = step(state, b, num_tokens, num_seqs, jax.random.key(5))
@@ -136,13 +150,13 @@ def test_trainer_packed_first_step_equals_padded(tmp_path, mesh):
   # packed rows over (data=2, fsdp=2) and gathers the states across devices.
   make = config_lib.tiny_mesh_config if mesh else config_lib.tiny_config
   runs = []
-  for packing_mode in ("off", "on"):
+  for packing_mode in ("off", "ragged" if mesh else "rows"):
     c = make(tmp_path / packing_mode, rl=dict(packing=packing_mode, num_microbatches=2))
     runs.append(_first_step_metrics(c))
   (m0, packed0), (m1, packed1) = runs
-  assert (packed0, packed1) == (False, True)
-  # Both runs report the padding of both layouts (the same rollout: the same numbers).
-  assert m1["update/padding_packed"] == m0["update/padding_packed"]
-  assert m0["update/padding_packed"] < m0["update/padding_padded"]
+  assert packed0 is None and packed1 in packing.LAYOUTS
+  # Both runs report the padding of every layout (the same rollout: the same numbers).
+  assert m1["update/padding_ragged"] == m0["update/padding_ragged"]
+  assert m0["update/padding_ragged"] < m0["update/padding_padded"]
   for k in ("loss", "grad_norm", "update_norm", "entropy/mean", "logp_gap/mean", "reward/mean"):
     np.testing.assert_allclose(m1[k], m0[k], rtol=1e-4, atol=1e-6, err_msg=k)

@@ -1,7 +1,7 @@
 """One update of rlvr_jax vs PyTorch + transformers (TRL's GRPO update) on one GPU, in one command.
 
   python tools/bench_accelerator.py --json-out /tmp/bench_accelerator.json   # ~8 min on an H200
-  python tools/bench_accelerator.py --tiny --no-packing --rounds 1           # CPU, seconds
+  python tools/bench_accelerator.py --tiny --packing off --rounds 1           # CPU, seconds
 
 The model is a named Hugging Face config (``MODELS``, embedded: no download) with random weights.
 For each shape (rows x tokens per row; all tokens real, the prompt 1/8 of the row; ``--lengths
@@ -68,7 +68,7 @@ microbatches: [ours, torch], non_embedding_params, model_flops, hardware_flops, 
 torch: {status: ok | oom | error | timeout | skipped, error, alone, seconds: [per round],
 warmup_s, median_s, min_s, max_s, model_tflops, hardware_tflops, matmul_peak_flops,
 matmul_peak_tflops, peak_fraction, peak_memory_bytes (null on CPU), max_rss_bytes, microbatches,
-ours: packed, pack_s, packing_error}}], rollout: {status, rows, new_tokens, prompt_tokens, group,
+ours: packed (the layout or false), pack_s}}], rollout: {status, rows, new_tokens, prompt_tokens, group,
 first_call_s, seconds, median_s, tokens_per_s, peak_memory_bytes} | null, rl_step: {status,
 model, prompts, group, new_tokens, export_s, first_step, steps: [{time/...}], median: {time/...},
 peak_memory_bytes} | null, wall_s}.
@@ -310,15 +310,15 @@ def ours_update_worker(spec: dict, channel):
     old_logp=zeros, sampler_logp=zeros, ref_logp=None, extras={},
   )  # fmt: skip
   info = {"status": "ok", **_jax_info(), "microbatches": m, "packed": False}
-  if spec["packing"]:
-    try:  # lazily: only with --packing; a checkout without the module trains unpacked, noted
-      from rlvr_jax.train import packing
-    except ImportError as e:
-      info["packing_error"] = f"unpacked: {e}"
-    else:
-      t0 = time.perf_counter()
-      batch = packing.pack_batch(batch, num_microbatches=m)
-      info.update(packed=True, pack_s=time.perf_counter() - t0)
+  layout = spec["packing"]
+  if layout == "auto":  # the trainer's rl.packing='auto' (train.config.packing_layout)
+    layout = {"gpu": "ragged", "tpu": "rows"}.get(jax.default_backend(), "off")
+  if layout != "off":
+    from rlvr_jax.train import packing
+
+    t0 = time.perf_counter()
+    batch = packing.pack_batch(batch, num_microbatches=m, layout=layout)
+    info.update(packed=layout, pack_s=time.perf_counter() - t0)
   state = {"s": init_state(model.init_params(cfg, jax.random.key(0)), opt, jax.random.key(1))}
   args = (batch, float(cmask.sum()), float(shape.rows), jax.random.key(2))
 
@@ -719,7 +719,7 @@ def _side_cell(r: dict) -> str:
   parts = [f"{r['model_tflops']:.3g} TFLOP/s", f"{100 * frac:.0f}% peak" if frac else "peak n/a"]
   parts.append(f"{gb / 1e9:.1f} GB" if gb else "memory n/a")
   rng = f" [{r['min_s']:.3g}-{r['max_s']:.3g}]" if len(r["seconds"]) > 1 else ""
-  notes = [n for n, on in (("alone", r.get("alone")), ("unpacked", r.get("packing_error"))) if on]
+  notes = [n for n, on in (("alone", r.get("alone")), (str(r.get("packed")), r.get("packed"))) if on]
   return f"{r['median_s']:.3g} s{rng} ({', '.join(parts)})" + "".join(f" {n}" for n in notes)
 
 
@@ -771,7 +771,10 @@ def parse_args(argv=None):
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--warmup", type=int, default=1)
   p.add_argument("--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS)
-  p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=True)
+  p.add_argument(
+    "--packing", default="auto", choices=("auto", "off", "rows", "ragged"),
+    help="our update's layout (train.packing); auto: ragged on GPU, rows on TPU, off on CPU",
+  )  # fmt: skip
   p.add_argument("--parts", default="update,rollout,rl_step")
   p.add_argument("--rollout", help="ROWSxNEW_TOKENSxPROMPT_TOKENS (256x512x256)")
   p.add_argument("--rl-step", help="PROMPTSxGROUPxNEW_TOKENS (4x8x256)")

@@ -66,16 +66,28 @@ def dense_mask(segment_ids: jax.Array) -> jax.Array:
   return causal[None] & same & (segment_ids[:, None, :] > 0)
 
 
-def auto_implementation(q: jax.Array, *, platform: str | None = None) -> str:
+def _gpu_capability() -> tuple[int, ...]:
+  """The first GPU's CUDA compute capability, (0,) when it has none (ROCm)."""
+  capability = getattr(jax.devices()[0], "compute_capability", None)
+  return tuple(int(x) for x in str(capability).split(".")) if capability else (0,)
+
+
+def auto_implementation(
+  q: jax.Array, *, platform: str | None = None, gpu_capability: tuple[int, ...] | None = None
+) -> str:
   """The implementation ``auto`` stands for, from the platform and the shapes of ``q`` [B, S, N,
-  H]: ``cudnn`` on GPU for 16-bit inputs with a head dim cuDNN takes (a multiple of 8, at most
-  256), ``splash`` on TPU, otherwise ``xla`` below ``BLOCKWISE_MIN_LEN`` tokens and ``blockwise``
-  from it on."""
+  H]: on GPU with 16-bit inputs, ``cudnn`` on Hopper or newer (its ragged layout needs compute
+  capability 9.0) for a head dim cuDNN takes (a multiple of 8, at most 256), else
+  ``pallas_gpu``; ``splash`` on TPU; otherwise ``xla`` below ``BLOCKWISE_MIN_LEN`` tokens and
+  ``blockwise`` from it on."""
   platform = platform or jax.default_backend()
   H = q.shape[-1]
   if platform in ("gpu", "cuda") and q.dtype in (jnp.bfloat16, jnp.float16):
-    if H % 8 == 0 and H <= 256:
+    capability = _gpu_capability() if gpu_capability is None else gpu_capability
+    if H % 8 == 0 and H <= 256 and capability >= (9, 0):
       return "cudnn"
+    if capability >= (8, 0) and H >= 16:
+      return "pallas_gpu"
   if platform == "tpu":
     return "splash"
   return "xla" if q.shape[1] < BLOCKWISE_MIN_LEN else "blockwise"

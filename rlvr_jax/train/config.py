@@ -203,8 +203,9 @@ def base_config() -> ConfigDict:
       logprob_chunk=128,
       fused_loss="auto",  # 'auto' | 'on' | 'off': objective fused into the log-prob sweep
       share_prompts=True,  # a group's G rows run their common prompt once (train.step)
-      # 'auto' | 'on' | 'off': the update runs on packed rows, no padding (train.packing);
-      # 'auto': on for GPU / TPU, off on CPU. On replaces share_prompts.
+      # 'auto' | 'off' | 'rows' | 'ragged': the update runs on packed rows, no padding
+      # (train.packing); 'auto': ragged on GPU (cuDNN), rows on TPU, off on CPU. Packing
+      # replaces share_prompts.
       packing="auto",
     )
   )
@@ -304,12 +305,14 @@ def _need(cond: bool, field: str, msg: str) -> None:
 # rl.packing -> whether the update packs its rows: 'auto' on accelerators only (on CPU, every
 # packed shape is one more compilation of the step, which costs more than the padding it saves
 # in short runs).
-PACKING = ("auto", "on", "off")
+PACKING = ("auto", "off", "rows", "ragged")
 
 
-def packing_enabled(c, platform: str) -> bool:
-  """Whether the update runs on packed rows (``rl.packing`` on this platform)."""
-  return c.rl.packing == "on" or (c.rl.packing == "auto" and platform != "cpu")
+def packing_layout(c, platform: str) -> str | None:
+  """The ``train.packing`` layout of the update (``rl.packing`` on this platform), or None."""
+  if c.rl.packing == "auto":
+    return {"gpu": "ragged", "tpu": "rows"}.get(platform)
+  return None if c.rl.packing == "off" else c.rl.packing
 
 
 # rl.fused_loss -> make_train_step(fused_loss=...): 'auto' fuses token-local objectives.

@@ -153,8 +153,8 @@ class Trainer:
     self.shared_train_step, self.share_next = None, False
     # rl.packing: minibatches are packed on the host (``_minibatch``); packed rows hold whole
     # sequences, so they replace the shared-prompt step.
-    self.packing = config_lib.packing_enabled(c, jax.default_backend())
-    if r.share_prompts and G > 1 and not self.packing:
+    self.packing = config_lib.packing_layout(c, jax.default_backend())
+    if r.share_prompts and G > 1 and self.packing is None:
       self.shared_train_step = step_lib.make_train_step(**step_kwargs, prompt_group=G)
     # State carried between steps by the methods (their specs say what), checkpointed.
     extra = step_lib.init_extra(objective, kwargs)
@@ -286,10 +286,11 @@ class Trainer:
     )
     num_tokens = float(cmask.sum())
     num_seqs = float((cmask.sum(-1) > 0).sum())
-    if self.packing:
+    if self.packing is not None:
       tb = packing.pack_batch(
-        tb, num_microbatches=self.c.rl.num_microbatches, row_multiple=self.layout.row_multiple
-      )
+        tb, num_microbatches=self.c.rl.num_microbatches, row_multiple=self.layout.row_multiple,
+        layout=self.packing,
+      )  # fmt: skip
     return self.layout.place_batch(tb), num_tokens, num_seqs
 
   def rl_step(self, step: int) -> dict:

@@ -94,32 +94,65 @@ def padding_fraction(lengths, rows: int, width: int) -> float:
   return 1.0 - float(np.sum(lengths)) / float(rows * width)
 
 
+LAYOUTS = ("rows", "ragged")
+
+
+def ragged_width(n: int) -> int:
+  """The smallest width of the ragged layout's grid that holds ``n`` tokens: 2^(k/8) rounded up
+  to a multiple of 8 (consecutive widths 9% apart, so at most 9% padding from the rounding and
+  a handful of compiled shapes over a run)."""
+  k = math.ceil(8 * math.log2(max(n, 1)))
+  while True:
+    w = -(-math.ceil(2 ** (k / 8)) // 8) * 8
+    if w >= n:
+      return w
+    k += 1
+
+
 def plan(
-  lengths, *, num_microbatches: int, width: int, row_multiple: int = 1, buckets: int = 4
-) -> tuple[list[list[list[int]]], int]:
-  """(per micro-batch: bins of row indices local to it, rows per micro-batch r) for sequences of
-  ``lengths`` [B] packed into rows of ``width`` (``pack_batch``'s rounding of r)."""
+  lengths, *, num_microbatches: int, width: int, row_multiple: int = 1, buckets: int = 4,
+  layout: str = "rows",
+) -> tuple[list[list[list[int]]], int, int]:  # fmt: skip
+  """(per micro-batch: bins of row indices local to it, rows per micro-batch r, row width W).
+
+  ``rows``: bins of ``width`` tokens; r is the most any micro-batch needs, rounded up to a
+  multiple of ``max(row_multiple, ceil(b / buckets))``. ``ragged``: r = ``row_multiple`` rows
+  per micro-batch (one per data-parallel device), as wide as the grid of ``ragged_width`` needs
+  for first fit to place every sequence."""
+  if layout not in LAYOUTS:
+    raise ValueError(f"packing layout {layout!r} not in {LAYOUTS}")
   lengths = np.asarray(lengths)
   b = len(lengths) // num_microbatches
-  plans = [
-    first_fit_decreasing(lengths[m * b : (m + 1) * b], width) for m in range(num_microbatches)
-  ]
-  step = max(int(row_multiple), math.ceil(b / max(int(buckets), 1)))
-  r = max(len(p) for p in plans)
-  return plans, -(-r // step) * step
+  per_mb = [lengths[m * b : (m + 1) * b] for m in range(num_microbatches)]
+  if layout == "rows":
+    plans = [first_fit_decreasing(x, width) for x in per_mb]
+    step = max(int(row_multiple), math.ceil(b / max(int(buckets), 1)))
+    r = max(len(p) for p in plans)
+    return plans, -(-r // step) * step, width
+  r = max(int(row_multiple), 1)
+  need = max(max(int(x.max()), -(-int(x.sum()) // r)) for x in per_mb)
+  W = ragged_width(need)
+  while True:
+    plans = [first_fit_decreasing(x, W) for x in per_mb]
+    if max(len(p) for p in plans) <= r:
+      return plans, r, W
+    W = ragged_width(W + 1)
 
 
 def padding_report(batch: TrainBatch, *, num_microbatches: int, row_multiple: int = 1) -> dict:
-  """The padding fraction of the update's token rows, padded ([B, S]) and packed (``plan``'s
-  rows of S): ``{"update/padding_padded": .., "update/padding_packed": ..}``."""
+  """The padding fraction of the update's token rows in each layout: padded ([B, S]), packed
+  rows of S (``rows``) and ``ragged``: ``update/padding_{padded,rows,ragged}``."""
   B, S = np.shape(batch.tokens)
   prompt_len, kept = sequence_lengths(batch.positions, batch.completion_mask)
   lengths = prompt_len + kept
-  _, r = plan(lengths, num_microbatches=num_microbatches, width=S, row_multiple=row_multiple)
-  return {
-    "update/padding_padded": padding_fraction(lengths, B, S),
-    "update/padding_packed": padding_fraction(lengths, r * num_microbatches, S),
-  }
+  out = {"update/padding_padded": padding_fraction(lengths, B, S)}
+  for layout in LAYOUTS:
+    _, r, W = plan(
+      lengths, num_microbatches=num_microbatches, width=S, row_multiple=row_multiple,
+      layout=layout,
+    )  # fmt: skip
+    out[f"update/padding_{layout}"] = padding_fraction(lengths, r * num_microbatches, W)
+  return out
 
 
 def pack_batch(
@@ -129,30 +162,35 @@ def pack_batch(
   width: int | None = None,
   row_multiple: int = 1,
   buckets: int = 4,
+  layout: str = "rows",
 ) -> TrainBatch:
-  """``batch`` with ``packed`` set: each micro-batch's sequences packed into r rows of ``width``.
+  """``batch`` with ``packed`` set: each micro-batch's sequences packed into r rows of W tokens.
 
   Args:
     batch: the step batch (host or device arrays; read on the host).
     num_microbatches: M, as the train step splits the batch.
-    width: W, tokens per packed row (default: S, the batch's row width: every sequence fits).
+    width: W of the ``rows`` layout (default: S, the batch's row width: every sequence fits).
     row_multiple: r is a multiple of it (e.g. the data-parallel size, so rows shard evenly).
-    buckets: r is rounded up to a multiple of ceil(b / buckets): at most ``buckets`` shapes.
+    buckets: ``rows``: r is rounded up to a multiple of ceil(b / buckets), so at most
+      ``buckets`` shapes.
+    layout: ``rows`` (rows of W = S: attention costs about what it costs padded, for kernels that
+      compute every causal tile of a row: blockwise, splash, Pallas GPU) or ``ragged`` (one row
+      per data-parallel device, as wide as it needs on a 9% grid: for cuDNN's ragged kernel,
+      whose attention cost is per sequence whatever the row holds).
   """
   tokens, positions = np.asarray(batch.tokens), np.asarray(batch.positions)
   cmask = np.asarray(batch.completion_mask, bool)
   B, S = tokens.shape
   T = cmask.shape[1]
   Sp = S - T
-  W = S if width is None else int(width)
   if B % num_microbatches:
     raise ValueError(f"batch rows {B} not divisible by num_microbatches={num_microbatches}")
   b = B // num_microbatches
   prompt_len, kept = sequence_lengths(positions, cmask)
   lengths = prompt_len + kept
-  plans, r = plan(
-    lengths, num_microbatches=num_microbatches, width=W, row_multiple=row_multiple,
-    buckets=buckets,
+  plans, r, W = plan(
+    lengths, num_microbatches=num_microbatches, width=S if width is None else int(width),
+    row_multiple=row_multiple, buckets=buckets, layout=layout,
   )  # fmt: skip
   most = max(len(bin_) for p in plans for bin_ in p)
   max_segments = 1 << (most - 1).bit_length()
