@@ -41,6 +41,13 @@ def _batch(seed=0):
   return batch, cmask
 
 
+def test_balanced_order_golden():
+  # Longest first to the lighter block with room: 9 -> A, 7 -> B, 5 -> B (12), 4 -> A (13),
+  # 3 -> B (15), 1 -> A (14): blocks {0, 3, 5} and {1, 2, 4}, each listed in row order.
+  order = packing.balanced_order([9, 7, 5, 4, 3, 1], 2)
+  np.testing.assert_array_equal(order, [0, 3, 5, 1, 2, 4])
+
+
 def test_first_fit_decreasing_golden():
   # Sorted 7, 5, 4, 3, 1 into width 8: [7, 1], [5, 3], [4].
   assert packing.first_fit_decreasing([3, 7, 5, 1, 4], 8) == [[1, 3], [2, 0], [4]]
@@ -118,7 +125,10 @@ def test_packed_step_equals_padded(objective, kwargs, num_microbatches, fused, l
   num_tokens, num_seqs = float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
   extra = step_lib.init_extra(objective, kwargs) or None
   results = []
-  packed = packing.pack_batch(batch, num_microbatches=num_microbatches, layout=layout)
+  # ragged: micro-batches rebalanced (rows reordered), which changes no loss, gradient or metric
+  packed = packing.pack_batch(
+    batch, num_microbatches=num_microbatches, layout=layout, balance=layout == "ragged"
+  )
   for b in (batch, packed):
     # The same initial params, fresh each time: the step donates its state.
     state = init_state(model.init_params(CFG, jax.random.key(0)), opt, jax.random.key(1), extra)

@@ -154,6 +154,8 @@ class Trainer:
     # rl.packing: minibatches are packed on the host (``_minibatch``); packed rows hold whole
     # sequences, so they replace the shared-prompt step.
     self.packing = config_lib.packing_layout(c, jax.default_backend())
+    # Balanced micro-batches change nothing but micro-batch-scope statistics (scope='micro').
+    self.pack_balance = kwargs.get("scope", "step") != "micro"
     if r.share_prompts and G > 1 and self.packing is None:
       self.shared_train_step = step_lib.make_train_step(**step_kwargs, prompt_group=G)
     # State carried between steps by the methods (their specs say what), checkpointed.
@@ -289,7 +291,7 @@ class Trainer:
     if self.packing is not None:
       tb = packing.pack_batch(
         tb, num_microbatches=self.c.rl.num_microbatches, row_multiple=self.layout.row_multiple,
-        layout=self.packing,
+        layout=self.packing, balance=self.pack_balance,
       )  # fmt: skip
     return self.layout.place_batch(tb), num_tokens, num_seqs
 

@@ -141,18 +141,34 @@ def plan(
 
 def padding_report(batch: TrainBatch, *, num_microbatches: int, row_multiple: int = 1) -> dict:
   """The padding fraction of the update's token rows in each layout: padded ([B, S]), packed
-  rows of S (``rows``) and ``ragged``: ``update/padding_{padded,rows,ragged}``."""
+  rows of S (``rows``) and ``ragged`` (micro-batches balanced): ``update/padding_{padded,rows,
+  ragged}``."""
   B, S = np.shape(batch.tokens)
   prompt_len, kept = sequence_lengths(batch.positions, batch.completion_mask)
   lengths = prompt_len + kept
   out = {"update/padding_padded": padding_fraction(lengths, B, S)}
   for layout in LAYOUTS:
+    order = balanced_order(lengths, num_microbatches) if layout == "ragged" else slice(None)
     _, r, W = plan(
-      lengths, num_microbatches=num_microbatches, width=S, row_multiple=row_multiple,
+      lengths[order], num_microbatches=num_microbatches, width=S, row_multiple=row_multiple,
       layout=layout,
     )  # fmt: skip
     out[f"update/padding_{layout}"] = padding_fraction(lengths, r * num_microbatches, W)
   return out
+
+
+def balanced_order(lengths, num_microbatches: int) -> np.ndarray:
+  """A row order whose M consecutive blocks of b = B / M rows hold about equal token counts
+  (longest first, each to the block with the fewest tokens that has room). Row i of the
+  reordered batch is row ``order[i]``."""
+  lengths = np.asarray(lengths)
+  b = len(lengths) // num_microbatches
+  blocks, totals = [[] for _ in range(num_microbatches)], np.zeros(num_microbatches)
+  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    m = min((m for m in range(num_microbatches) if len(blocks[m]) < b), key=lambda m: totals[m])
+    blocks[m].append(i)
+    totals[m] += lengths[i]
+  return np.asarray([i for block in blocks for i in sorted(block)], np.int64)
 
 
 def pack_batch(
@@ -163,6 +179,7 @@ def pack_batch(
   row_multiple: int = 1,
   buckets: int = 4,
   layout: str = "rows",
+  balance: bool = False,
 ) -> TrainBatch:
   """``batch`` with ``packed`` set: each micro-batch's sequences packed into r rows of W tokens.
 
@@ -177,7 +194,16 @@ def pack_batch(
       compute every causal tile of a row: blockwise, splash, Pallas GPU) or ``ragged`` (one row
       per data-parallel device, as wide as it needs on a 9% grid: for cuDNN's ragged kernel,
       whose attention cost is per sequence whatever the row holds).
+    balance: first reorder the rows so that the micro-batches hold about equal token counts
+      (``balanced_order``; every packed micro-batch is as wide as the fullest one). The loss and
+      gradient are sums over micro-batches normalised by the step's global counts, so the order
+      changes nothing, except for objectives with micro-batch-scope statistics
+      (``scope='micro'``), whose split is then a different one.
   """
+  if balance and num_microbatches > 1:
+    prompt_len, kept = sequence_lengths(batch.positions, batch.completion_mask)
+    order = balanced_order(prompt_len + kept, num_microbatches)
+    batch = jax.tree.map(lambda x: np.asarray(x)[order], batch)
   tokens, positions = np.asarray(batch.tokens), np.asarray(batch.positions)
   cmask = np.asarray(batch.completion_mask, bool)
   B, S = tokens.shape
