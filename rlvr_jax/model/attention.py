@@ -72,19 +72,33 @@ def _gpu_capability() -> tuple[int, ...]:
   return tuple(int(x) for x in str(capability).split(".")) if capability else (0,)
 
 
+@functools.cache
+def cudnn_ragged_available() -> bool:
+  """Whether this jax has cuDNN attention with the ragged layout (``q_offsets``): the function
+  is not public API, so ``auto`` checks its signature before choosing it."""
+  import inspect
+
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+  except ImportError:
+    return False
+  fn = getattr(cudnn, "dot_product_attention", None)
+  return fn is not None and "q_offsets" in inspect.signature(fn).parameters
+
+
 def auto_implementation(
   q: jax.Array, *, platform: str | None = None, gpu_capability: tuple[int, ...] | None = None
 ) -> str:
   """The implementation ``auto`` stands for, from the platform and the shapes of ``q`` [B, S, N,
   H]: on GPU with 16-bit inputs, ``cudnn`` on Hopper or newer (its ragged layout needs compute
-  capability 9.0) for a head dim cuDNN takes (a multiple of 8, at most 256), else
-  ``pallas_gpu``; ``splash`` on TPU; otherwise ``xla`` below ``BLOCKWISE_MIN_LEN`` tokens and
+  capability 9.0) for a head dim cuDNN takes (a multiple of 8, at most 256) when this jax has it
+  (``cudnn_ragged_available``), else ``pallas_gpu``; ``splash`` on TPU; otherwise ``xla`` below ``BLOCKWISE_MIN_LEN`` tokens and
   ``blockwise`` from it on."""
   platform = platform or jax.default_backend()
   H = q.shape[-1]
   if platform in ("gpu", "cuda") and q.dtype in (jnp.bfloat16, jnp.float16):
     capability = _gpu_capability() if gpu_capability is None else gpu_capability
-    if H % 8 == 0 and H <= 256 and capability >= (9, 0):
+    if H % 8 == 0 and H <= 256 and capability >= (9, 0) and cudnn_ragged_available():
       return "cudnn"
     if capability >= (8, 0) and H >= 16:
       return "pallas_gpu"

@@ -110,7 +110,7 @@ def ragged_width(n: int) -> int:
 
 
 def plan(
-  lengths, *, num_microbatches: int, width: int, row_multiple: int = 1, buckets: int = 4,
+  lengths, *, num_microbatches: int, width: int, row_multiple: int = 1, buckets: int = 8,
   layout: str = "rows",
 ) -> tuple[list[list[list[int]]], int, int]:  # fmt: skip
   """(per micro-batch: bins of row indices local to it, rows per micro-batch r, row width W).
@@ -177,7 +177,7 @@ def pack_batch(
   num_microbatches: int = 1,
   width: int | None = None,
   row_multiple: int = 1,
-  buckets: int = 4,
+  buckets: int = 8,
   layout: str = "rows",
   balance: bool = False,
 ) -> TrainBatch:
