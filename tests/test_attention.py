@@ -91,10 +91,15 @@ def test_auto_implementation_by_platform_and_length():
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN runs on a GPU only")
-def test_cudnn_equals_reference_on_gpu():
-  seg = np.r_[[0] * 40, [1] * 100, [2] * 100, [0] * 16][None].repeat(2, 0)
+@pytest.mark.parametrize("max_segments", [1, 2])
+def test_cudnn_equals_reference_on_gpu(max_segments):
+  # One segment per row (the unpacked, left-padded update) and packed rows, grouped heads.
+  if max_segments == 1:
+    seg = np.r_[[0] * 40, [1] * 216][None].repeat(2, 0)
+  else:
+    seg = np.r_[[0] * 40, [1] * 100, [2] * 100, [0] * 16][None].repeat(2, 0)
   q, k, v, seg, w = _inputs(2, 256, 4, 2, 64, seg, dtype=jnp.bfloat16)
-  fn = functools.partial(A._cudnn, num_kv_heads=2, max_segments=2)
+  fn = functools.partial(A._cudnn, num_kv_heads=2, max_segments=max_segments)
   _check_against_reference(fn, q, k, v, seg, w, 2, dict(rtol=2e-2, atol=2e-2))
 
 

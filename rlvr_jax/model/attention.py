@@ -217,8 +217,13 @@ def ragged_offsets(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Array
 def _cudnn(q, k, v, segment_ids, *, num_kv_heads, max_segments):
   from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
-  del num_kv_heads  # cuDNN takes grouped heads as they are (N a multiple of K)
-  offsets, lengths = ragged_offsets(segment_ids, max_segments)
+  # The ragged layout takes key / value offsets in elements of N heads (jax 0.10.2 scales them
+  # by the query's N * H), so grouped heads are repeated to N.
+  G = q.shape[2] // num_kv_heads
+  k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+  # At least 2 segments: with one, jax passes neither offsets nor lengths to cuDNN, and a
+  # left-padded row would attend its padding.
+  offsets, lengths = ragged_offsets(segment_ids, max(max_segments, 2))
   return cudnn.dot_product_attention(
     q, k, v, None, None, lengths, lengths, offsets, offsets,
     scale=1.0 / math.sqrt(q.shape[-1]), mask_type=cudnn.MaskType.CAUSAL,

@@ -16,6 +16,7 @@ import inspect
 
 from rlvr_jax import advantages, losses
 from rlvr_jax.data import tasks
+from rlvr_jax.model import config as model_config_lib
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import env_config, model_rewards
 
@@ -29,6 +30,7 @@ FIELD_HELP: dict[str, str] = {
   "model.dtype": "dtype of the parameters and optimizer state; 'bfloat16' = bfloat16 everywhere, compute too",
   "model.compute_dtype": "'bfloat16': train and sample on a bfloat16 copy of float32 master weights",
   "model.remat": "recompute layer activations in the backward pass (less memory, more time)",
+  "model.attention": "self-attention of the update / scoring / prefill ('auto': per platform)",
   "model.hidden_size": "tiny model: width D",
   "model.intermediate_size": "tiny model: MLP width F",
   "model.num_layers": "tiny model: number of decoder layers L",
@@ -114,6 +116,7 @@ FIELD_HELP: dict[str, str] = {
   "rl.logprob_chunk": "tokens per chunk of the log-prob sweep (memory vs. speed)",
   "rl.fused_loss": "fuse the objective into the log-prob sweep ('auto': when token-local)",
   "rl.share_prompts": "run a group's common prompt once per update / scoring pass (same values)",
+  "rl.packing": "pack the update's sequences into rows without padding ('auto': GPU / TPU)",
   # objective
   "objective.name": "policy objective (losses.OBJECTIVES) or 'package.module:attr'",
   # optim
@@ -176,6 +179,8 @@ CHOICES: dict[str, tuple] = {
   "model_reward.name": model_rewards.KINDS,
   "auxiliary_loss.name": ("", *sorted(losses.AUXILIARY_LOSSES)),
   "rl.fused_loss": tuple(config_lib.FUSED_LOSS),
+  "rl.packing": config_lib.PACKING,
+  "model.attention": model_config_lib.ATTENTION_IMPLEMENTATIONS,
   "objective.name": tuple(sorted(losses.OBJECTIVES)),
   "optim.schedule": ("constant", "cosine", "linear"),
   "env.return_mode": env_config.ENV_RETURNS,
