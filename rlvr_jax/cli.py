@@ -25,7 +25,7 @@ _HELP_ARGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
 _REPO_EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 USAGE = (
   "usage: python -m rlvr_jax.main --config=<experiment name or file> "
-  "[--config.<field>=<value> ...] [--mesh=data,fsdp,tensor]"
+  "[--config.<field>=<value> ...] [--mesh=data,fsdp,tensor[,context]]"
 )
 
 

@@ -143,8 +143,8 @@ def initialize(
 
 def define_flags() -> None:
   """Registers ``--distributed``, ``--coordinator_address``, ``--num_processes``,
-  ``--process_id`` (read by ``initialize_from_flags``) and ``--mesh`` (``data,fsdp,tensor`` sizes
-  for ``train.sharded.train``) with absl (idempotent)."""
+  ``--process_id`` (read by ``initialize_from_flags``) and ``--mesh``
+  (``data,fsdp,tensor[,context]`` sizes for ``train.sharded.train``) with absl (idempotent)."""
   from absl import flags
 
   if "coordinator_address" in flags.FLAGS:
@@ -156,7 +156,8 @@ def define_flags() -> None:
   flags.DEFINE_string(
     "mesh",
     "",
-    "data,fsdp,tensor mesh sizes over all devices (one may be -1); empty: a single device "
+    "data,fsdp,tensor[,context] mesh sizes over all devices (one may be -1; a context size > 1 "
+    "splits the update's sequences, with --config.model.attention=ring); empty: a single device "
     "(one process) or FSDP over all devices (several processes)",
   )
 

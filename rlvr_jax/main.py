@@ -14,8 +14,10 @@ is refused (``--config.workdir=<new dir>`` starts a new run, ``--config.checkpoi
 starts over in place).
 
 Several devices / processes (docs/launch.md): ``--mesh=data,fsdp,tensor`` (one size may be -1)
-runs the trainer on that mesh; ``--coordinator_address``, ``--num_processes``, ``--process_id`` (or
-SLURM / a TPU pod slice, detected) join several processes first (``rlvr_jax.distributed``).
+runs the trainer on that mesh (``--mesh=data,fsdp,tensor,context`` with
+``--config.model.attention=ring`` also splits the update's sequences over ``context``);
+``--coordinator_address``, ``--num_processes``, ``--process_id`` (or SLURM / a TPU pod slice,
+detected) join several processes first (``rlvr_jax.distributed``).
 
 Launched as ``python -m rlvr_jax.main`` on the CPU, the process re-executes itself once with
 glibc tunables for ``malloc`` and runs XLA:CPU computations on the calling thread

@@ -2,7 +2,10 @@
 
 Mesh axes: ``data`` (pure data parallel: replicas), ``fsdp`` (data parallel whose replicas also
 split the parameters, arXiv 2304.11277), ``tensor`` (Megatron-style tensor parallel, arXiv
-1909.08053: heads, MLP hidden and vocab split across devices).
+1909.08053: heads, MLP hidden and vocab split across devices), and optionally ``context``
+(context / sequence parallelism: the update's token rows split along the sequence, for
+``model.attention="ring"``, ``rlvr_jax.model.context_parallel``). A mesh has the ``context`` axis
+only when its size is > 1, so every mesh without one is the three-axis mesh it always was.
 
 Arrays are described by *logical* axis names (``params.param_specs`` gives them for the model);
 a rule table maps each logical name to mesh axes. A mesh axis is used at most once per array, and
@@ -10,8 +13,10 @@ mesh axes that do not divide the dimension are dropped (e.g. 3 KV heads on ``ten
 replicated), so every rule table works for every model.
 
 Training layout (``TRAIN_RULES``): weights split over ``fsdp`` (their ``embed`` dim) and ``tensor``;
-the batch over ``data`` x ``fsdp``. Sampling layout (``SAMPLE_RULES``): weights only split over
-``tensor`` (no per-step all-gather in the decode loop), batch and KV cache over ``data`` x ``fsdp``.
+the batch over ``data`` x ``fsdp``, the sequence (``seq``) over ``context`` (no-op on a mesh
+without it). Sampling layout (``SAMPLE_RULES``): weights only split over ``tensor`` (no per-step
+all-gather in the decode loop), batch and KV cache over ``data`` x ``fsdp``, sequences unsplit
+(decoding is per token).
 ``reshard`` moves a tree between layouts.
 """
 
@@ -27,12 +32,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# The optional fourth axis; the name ``rlvr_jax.model.context_parallel.CONTEXT_AXIS`` rings over.
+CONTEXT_AXIS = "context"
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 TRAIN_RULES: Rules = (
   ("batch", ("data", "fsdp")),
-  ("seq", None),
+  ("seq", CONTEXT_AXIS),
   ("vocab", "tensor"),
   ("embed", "fsdp"),
   ("heads", "tensor"),
@@ -44,8 +51,11 @@ TRAIN_RULES: Rules = (
 )
 
 # The sampling layout is the training layout without FSDP on the weights (their ``embed`` dim is
-# replicated), so the decode loop never all-gathers weights; everything else is shared.
-SAMPLE_RULES: Rules = tuple((name, None if name == "embed" else axes) for name, axes in TRAIN_RULES)
+# replicated), so the decode loop never all-gathers weights, and without the sequence split (the
+# KV cache and each decode step are per token); everything else is shared.
+SAMPLE_RULES: Rules = tuple(
+  (name, None if name in ("embed", "seq") else axes) for name, axes in TRAIN_RULES
+)
 
 
 def infer_mesh_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
@@ -65,17 +75,32 @@ def infer_mesh_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(
-  data: int = 1, fsdp: int = -1, tensor: int = 1, *, devices: Sequence[jax.Device] | None = None
+  data: int = 1,
+  fsdp: int = -1,
+  tensor: int = 1,
+  context: int = 1,
+  *,
+  devices: Sequence[jax.Device] | None = None,
 ) -> Mesh:
-  """A ``(data, fsdp, tensor)`` mesh over all devices (or ``devices``); one size may be -1.
+  """A ``(data, fsdp, tensor)`` mesh, or ``(data, fsdp, tensor, context)`` when ``context`` > 1,
+  over all devices (or ``devices``); one size may be -1.
 
   Uses ``jax.make_mesh`` (device order aware of the physical topology), with Auto axis types so
-  that ``jax.jit`` propagates shardings from the inputs.
+  that ``jax.jit`` propagates shardings from the inputs. A context size of 1 adds no axis: the
+  mesh (and every sharding, checkpoint and compiled step on it) is the three-axis one.
   """
   devices = jax.devices() if devices is None else list(devices)
-  shape = infer_mesh_shape((data, fsdp, tensor), len(devices))
-  axis_types = (jax.sharding.AxisType.Auto,) * 3
-  return jax.make_mesh(shape, MESH_AXES, axis_types, devices=devices)
+  shape = infer_mesh_shape((data, fsdp, tensor, context), len(devices))
+  names = MESH_AXES + (CONTEXT_AXIS,)
+  if shape[-1] == 1:
+    shape, names = shape[:-1], MESH_AXES
+  axis_types = (jax.sharding.AxisType.Auto,) * len(names)
+  return jax.make_mesh(shape, names, axis_types, devices=devices)
+
+
+def context_size(mesh: Mesh | None) -> int:
+  """The size of ``mesh``'s ``context`` axis (1 without one, or without a mesh)."""
+  return 1 if mesh is None else int(dict(mesh.shape).get(CONTEXT_AXIS, 1))
 
 
 def _rule_map(rules: Rules) -> dict[str, tuple[str, ...]]:

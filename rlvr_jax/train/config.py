@@ -308,11 +308,39 @@ def _need(cond: bool, field: str, msg: str) -> None:
 PACKING = ("auto", "off", "rows", "ragged")
 
 
-def packing_layout(c, platform: str) -> str | None:
-  """The ``train.packing`` layout of the update (``rl.packing`` on this platform), or None."""
+def packing_layout(c, platform: str, *, context: int = 1) -> str | None:
+  """The ``train.packing`` layout of the update (``rl.packing`` on this platform), or None.
+
+  With a ``context`` mesh axis (size > 1) 'auto' is off: packed widths are not multiples of the
+  context size (``check_context`` rejects an explicit layout)."""
   if c.rl.packing == "auto":
-    return {"gpu": "ragged", "tpu": "rows"}.get(platform)
+    return None if context > 1 else {"gpu": "ragged", "tpu": "rows"}.get(platform)
   return None if c.rl.packing == "off" else c.rl.packing
+
+
+def check_context(c, context: int) -> None:
+  """Context parallelism (a ``context`` mesh axis, ``--mesh=data,fsdp,tensor,context``) and
+  ``model.attention`` go together: the update's token rows are split along the sequence over the
+  ``context`` axis, which only ring attention (``rlvr_jax.model.context_parallel``) computes
+  across devices. Raises ``ConfigError`` naming both when one comes without the other, and for
+  ``rl.packing`` 'rows' / 'ragged' with a context axis (packed widths are not multiples of the
+  context size; the unpacked rows are left-padded to one by ``sharded.MeshLayout``)."""
+  attention = c.model.attention
+  if context > 1 and attention != "ring":
+    raise ConfigError(
+      f"config.model.attention={attention!r} with a context mesh axis of size {context} "
+      "(--mesh=data,fsdp,tensor,context): sequence-split rows need model.attention='ring'"
+    )
+  if context <= 1 and attention == "ring":
+    raise ConfigError(
+      "config.model.attention='ring' needs a context mesh axis of size > 1 "
+      "(--mesh=data,fsdp,tensor,context); this mesh has none"
+    )
+  if context > 1 and c.rl.packing in ("rows", "ragged"):
+    raise ConfigError(
+      f"config.rl.packing={c.rl.packing!r} with a context mesh axis of size {context}: packed "
+      "rows are not split along the sequence; use rl.packing='off' (or 'auto')"
+    )
 
 
 # rl.fused_loss -> make_train_step(fused_loss=...): 'auto' fuses token-local objectives.

@@ -65,6 +65,11 @@ class Layout:
     return train_step
 
   @property
+  def context_size(self) -> int:
+    """The size of the ``context`` mesh axis the update's sequences are split over (1: none)."""
+    return 1
+
+  @property
   def row_multiple(self) -> int:
     """Batch rows split evenly over the devices when their number is a multiple of this."""
     return 1

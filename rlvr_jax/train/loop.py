@@ -72,6 +72,7 @@ class Trainer:
   def __init__(self, config, *, log=print, layout: Layout | None = None):
     config_lib.validate(config)
     self.layout = layout if layout is not None else Layout()
+    config_lib.check_context(config, self.layout.context_size)  # model.attention='ring' <=> context
     if not self.layout.is_primary:
       log = _quiet
     self.c, self.log = config, log
@@ -98,6 +99,12 @@ class Trainer:
     what = {"tiny": "initialising", "smollm2": "loading SmolLM2 weights"}.get(c.model.source)
     log(f"{what or f'loading weights from {c.model.path}'} ...")
     self.tokenizer, params, self.model_config = build.build_tokenizer_and_model(c)
+    # Context parallelism: only the update runs ring attention on sequence-split rows. The
+    # sampler, the scoring passes, the warm start and the PRM keep sequences unsplit
+    # (SAMPLE_RULES) and use the platform's kernel ('auto').
+    self.update_model_config = self.model_config
+    if self.model_config.attention == "ring":
+      self.model_config = dataclasses.replace(self.model_config, attention="auto")
     aux_step = auxiliary_loss.step_arguments(c, self.tokenizer)  # {} when off; before workers
     self.auxiliary = aux_step.get("auxiliary")
     num = sum(int(np.size(x)) for x in jax.tree.leaves(params))
@@ -134,7 +141,7 @@ class Trainer:
       kwargs.setdefault(key, value)
     objective, estimator = methods.objective(c.objective.name), methods.estimator(r.advantage)
     step_kwargs = dict(
-      model_config=self.model_config,
+      model_config=self.update_model_config,
       optimizer=self.optimizer,
       objective=objective,
       objective_kwargs=kwargs,
@@ -153,10 +160,13 @@ class Trainer:
     self.shared_train_step, self.share_next = None, False
     # rl.packing: minibatches are packed on the host (``_minibatch``); packed rows hold whole
     # sequences, so they replace the shared-prompt step.
-    self.packing = config_lib.packing_layout(c, jax.default_backend())
+    self.packing = config_lib.packing_layout(
+      c, jax.default_backend(), context=self.layout.context_size
+    )
     # Balanced micro-batches change nothing but micro-batch-scope statistics (scope='micro').
     self.pack_balance = kwargs.get("scope", "step") != "micro"
-    if r.share_prompts and G > 1 and self.packing is None:
+    # (Not with a context axis: the shared-prompt forward does not run ring attention.)
+    if r.share_prompts and G > 1 and self.packing is None and self.layout.context_size == 1:
       self.shared_train_step = step_lib.make_train_step(**step_kwargs, prompt_group=G)
     # State carried between steps by the methods (their specs say what), checkpointed.
     extra = step_lib.init_extra(objective, kwargs)
@@ -293,7 +303,11 @@ class Trainer:
         tb, num_microbatches=self.c.rl.num_microbatches, row_multiple=self.layout.row_multiple,
         layout=self.packing, balance=self.pack_balance,
       )  # fmt: skip
-    return self.layout.place_batch(tb), num_tokens, num_seqs
+    # The update's padding in every layout, from the host rows (placed rows may span processes).
+    padding = packing.padding_report(
+      tb, num_microbatches=self.c.rl.num_microbatches, row_multiple=self.layout.row_multiple
+    )
+    return self.layout.place_batch(tb), num_tokens, num_seqs, padding
 
   def rl_step(self, step: int) -> dict:
     """One RL step (module docstring); returns its metrics."""
@@ -334,7 +348,7 @@ class Trainer:
       for m in range(c.rl.num_minibatches):
         groups = order[m * per_mb : (m + 1) * per_mb]
         rows = (groups[:, None] * G + np.arange(G)[None, :]).reshape(-1)
-        tb, num_tokens, num_seqs = self._minibatch(batch, rows)
+        tb, num_tokens, num_seqs, tb_padding = self._minibatch(batch, rows)
         if num_tokens == 0:  # every group masked (e.g. all zero-variance): nothing to learn
           skipped_empty += 1
           continue
@@ -343,11 +357,7 @@ class Trainer:
           batch.prompt_tokens[rows], batch.prompt_mask[rows], G, c.rl.num_microbatches
         )
         shared += self.share_next
-        padding.append(
-          packing.padding_report(
-            tb, num_microbatches=c.rl.num_microbatches, row_multiple=self.layout.row_multiple
-          )
-        )
+        padding.append(tb_padding)
         self.state, um = self.train_step(self.state, tb, num_tokens, num_seqs, key)
         update_metrics.append(um)
     prm_metrics = self._prm_update(batch) if self.prm_step is not None else {}

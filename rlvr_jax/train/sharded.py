@@ -2,8 +2,10 @@
 
 Layouts (``rlvr_jax.sharding``): the train state lives in the *training* layout (``TRAIN_RULES``:
 weights split over ``fsdp`` x ``tensor``, optimiser moments like their parameters, scalars
-replicated); step batches are split by rows over ``data`` x ``fsdp``; the sampler gets the params
-resharded to the *sampling* layout (``SAMPLE_RULES``: weights over ``tensor`` only).
+replicated); step batches are split by rows over ``data`` x ``fsdp`` and, on a mesh with a
+``context`` axis, their token rows [B, S] also along the sequence (``shard_sequences``: context
+parallelism with ``model.attention="ring"``); the sampler gets the params resharded to the
+*sampling* layout (``SAMPLE_RULES``: weights over ``tensor`` only, sequences unsplit).
 
 Multi-process (``rlvr_jax.distributed``): every process runs the same program on the same global
 mesh. Arrays are built from host data with ``jax.make_array_from_callback`` (every process holds
@@ -35,7 +37,7 @@ from rlvr_jax import sharding as sharding_lib
 from rlvr_jax.data.source import shard_span
 from rlvr_jax.train import loop
 from rlvr_jax.train.layout import Layout
-from rlvr_jax.train.state import TrainState
+from rlvr_jax.train.state import TrainBatch, TrainState
 
 
 def _is_key(x) -> bool:
@@ -103,6 +105,44 @@ def shard_rows(tree: Any, mesh: Mesh, rules: sharding_lib.Rules = sharding_lib.T
   """A tree of [B, ...] host arrays that every process holds in full -> rows split over the data
   axes (``None`` leaves stay ``None``)."""
   return jax.tree.map(lambda x: place(x, row_sharding(mesh, np.shape(x), rules)), tree)
+
+
+def sequence_sharding(
+  mesh: Mesh, shape, rules: sharding_lib.Rules = sharding_lib.TRAIN_RULES
+) -> NamedSharding:
+  """[B, S] token rows: B over the ``batch`` rule, S over the ``seq`` rule (``context``)."""
+  return sharding_lib.logical_to_sharding(("batch", "seq"), mesh, rules, shape=tuple(shape))
+
+
+def pad_sequences(batch: TrainBatch, multiple: int) -> TrainBatch:
+  """``batch`` with its token rows left-padded to a width S' that ``multiple`` divides.
+
+  The new columns are prompt padding (token 0, position -1: segment 0, never attended to and
+  predicting nothing), so the completion stays the last T columns and the loss, gradients and
+  metrics are those of the unpadded rows. Unchanged when ``multiple`` divides S already."""
+  s = batch.tokens.shape[1]
+  pad = -s % multiple
+  if pad == 0:
+    return batch
+  widths = ((0, 0), (pad, 0))
+  tokens = np.pad(np.asarray(batch.tokens), widths, constant_values=0)
+  positions = np.pad(np.asarray(batch.positions), widths, constant_values=-1)
+  return dataclasses.replace(batch, tokens=tokens, positions=positions)
+
+
+def shard_sequences(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
+  """A ``TrainBatch`` that every process holds in full, on a mesh with a ``context`` axis of
+  size R: the token rows left-padded to a multiple of R (``pad_sequences``: the ring splits S
+  into R equal chunks) and placed [B, S] over (data x fsdp, context); every [B, T] / [B] array
+  row-sharded as by ``shard_rows``. The trainer's packed rows are never split this way
+  (``config.check_context``)."""
+  if batch.packed is not None:
+    raise ValueError("shard_sequences: packed rows cannot be split along the sequence")
+  batch = pad_sequences(batch, sharding_lib.context_size(mesh))
+  tokens, positions = batch.tokens, batch.positions
+  rest = shard_rows(dataclasses.replace(batch, tokens=None, positions=None), mesh)
+  seq = sequence_sharding(mesh, np.shape(tokens))
+  return dataclasses.replace(rest, tokens=place(tokens, seq), positions=place(positions, seq))
 
 
 def process_rows(num_rows: int, mesh: Mesh, rules=sharding_lib.TRAIN_RULES) -> slice:
@@ -272,10 +312,11 @@ class _GatheredRewards:
 
 
 class MeshLayout(Layout):
-  """``train.layout.Layout`` on a (data, fsdp, tensor) mesh, in one process or many.
+  """``train.layout.Layout`` on a (data, fsdp, tensor[, context]) mesh, in one process or many.
 
   The train state in the training layout (``state_shardings``), each minibatch's rows over the
-  data axes (``shard_rows``), the sampler's params resharded to the sampling layout, every jitted
+  data axes (``shard_rows``; with a ``context`` axis the token rows also along the sequence,
+  ``shard_sequences``), the sampler's params resharded to the sampling layout, every jitted
   call under ``jax.set_mesh``. With several processes each process loads only its contiguous
   share of every prompt batch (``shard_source`` / ``local_groups``); the tokenized prompts (small
   [P, S] int arrays) are all-gathered into the global batch, the rollout and scoring passes
@@ -320,10 +361,16 @@ class MeshLayout(Layout):
     return sharded_train_step(train_step, self._shardings(), self.mesh)
 
   @property
+  def context_size(self) -> int:
+    return sharding_lib.context_size(self.mesh)
+
+  @property
   def row_multiple(self) -> int:
     return int(self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1))
 
   def place_batch(self, batch):
+    if self.context_size > 1:
+      return shard_sequences(batch, self.mesh)
     return shard_rows(batch, self.mesh)
 
   def sampling_params(self, params):
@@ -377,22 +424,30 @@ class MeshTrainer(loop.Trainer):
     super().__init__(config, log=log, layout=MeshLayout(mesh))
 
 
-def parse_mesh(text: str) -> tuple[int, int, int] | None:
-  """``"data,fsdp,tensor"`` sizes (one may be -1) -> a tuple; ``""`` -> None (no mesh)."""
+def parse_mesh(text: str) -> tuple[int, ...] | None:
+  """``"data,fsdp,tensor"`` or ``"data,fsdp,tensor,context"`` sizes (one may be -1) -> a tuple;
+  ``""`` -> None (no mesh). A context size > 1 is context parallelism
+  (``model.attention="ring"``)."""
   if not text.strip():
     return None
   try:
     sizes = tuple(int(x) for x in text.split(","))
   except ValueError as e:
-    raise ValueError(f"--mesh={text!r}: expected three integers 'data,fsdp,tensor'") from e
-  if len(sizes) != 3:
-    raise ValueError(f"--mesh={text!r}: expected three sizes 'data,fsdp,tensor', got {len(sizes)}")
+    raise ValueError(
+      f"--mesh={text!r}: expected three integers 'data,fsdp,tensor' or four "
+      "'data,fsdp,tensor,context'"
+    ) from e
+  if len(sizes) not in (3, 4):
+    raise ValueError(
+      f"--mesh={text!r}: expected three sizes 'data,fsdp,tensor' or four "
+      f"'data,fsdp,tensor,context', got {len(sizes)}"
+    )
   return sizes
 
 
 def train(config, *, mesh_sizes=None, log=print) -> dict:
-  """``train.loop.train`` on a mesh: ``mesh_sizes`` (data, fsdp, tensor; -1 = infer) over all
-  devices of all processes. ``None`` with one process: the plain single-device ``Trainer``;
+  """``train.loop.train`` on a mesh: ``mesh_sizes`` (data, fsdp, tensor[, context]; -1 = infer)
+  over all devices of all processes. ``None`` with one process: the plain single-device ``Trainer``;
   ``None`` with several processes: FSDP over every device, ``(1, -1, 1)``."""
   if mesh_sizes is None and jax.process_count() == 1:
     return loop.train(config, log=log)
