@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
-# The optional fourth axis; the name ``rlvr_jax.model.context_parallel.CONTEXT_AXIS`` rings over.
+# The optional fourth axis, which ring attention (``rlvr_jax.model.context_parallel``) rings over.
 CONTEXT_AXIS = "context"
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]

@@ -719,7 +719,9 @@ def _side_cell(r: dict) -> str:
   parts = [f"{r['model_tflops']:.3g} TFLOP/s", f"{100 * frac:.0f}% peak" if frac else "peak n/a"]
   parts.append(f"{gb / 1e9:.1f} GB" if gb else "memory n/a")
   rng = f" [{r['min_s']:.3g}-{r['max_s']:.3g}]" if len(r["seconds"]) > 1 else ""
-  notes = [n for n, on in (("alone", r.get("alone")), (str(r.get("packed")), r.get("packed"))) if on]
+  notes = [
+    n for n, on in (("alone", r.get("alone")), (str(r.get("packed")), r.get("packed"))) if on
+  ]
   return f"{r['median_s']:.3g} s{rng} ({', '.join(parts)})" + "".join(f" {n}" for n in notes)
 
 

@@ -28,8 +28,9 @@ Implementations (``ModelConfig.attention``):
     (MQA) kernel per key/value head.
   * ``ring``: context parallelism over the mesh axis ``"context"``
     (``rlvr_jax.model.context_parallel``).
-  * ``auto``: ``auto_implementation``: cuDNN on GPU (bfloat16 inputs), splash on TPU; elsewhere
-    the einsum up to ``BLOCKWISE_MIN_LEN`` tokens per row and blockwise beyond.
+  * ``auto``: ``auto_implementation``: cuDNN on Hopper GPUs (Pallas GPU on older ones; 16-bit
+    inputs), splash on TPU; elsewhere the einsum up to ``BLOCKWISE_MIN_LEN`` tokens per row and
+    blockwise beyond.
 
 The kernels that leave padding outputs undefined (cuDNN writes only inside segments) are wrapped
 so that padding queries give 0 and padding positions get zero cotangents.
@@ -92,8 +93,8 @@ def auto_implementation(
   """The implementation ``auto`` stands for, from the platform and the shapes of ``q`` [B, S, N,
   H]: on GPU with 16-bit inputs, ``cudnn`` on Hopper or newer (its ragged layout needs compute
   capability 9.0) for a head dim cuDNN takes (a multiple of 8, at most 256) when this jax has it
-  (``cudnn_ragged_available``), else ``pallas_gpu``; ``splash`` on TPU; otherwise ``xla`` below ``BLOCKWISE_MIN_LEN`` tokens and
-  ``blockwise`` from it on."""
+  (``cudnn_ragged_available``), else ``pallas_gpu``; ``splash`` on TPU; otherwise ``xla`` below
+  ``BLOCKWISE_MIN_LEN`` tokens and ``blockwise`` from it on."""
   platform = platform or jax.default_backend()
   H = q.shape[-1]
   if platform in ("gpu", "cuda") and q.dtype in (jnp.bfloat16, jnp.float16):
@@ -201,7 +202,6 @@ def ragged_offsets(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Array
   """cuDNN's ragged layout of [B, S] segment ids: (offsets [B, M + 1], lengths [B, M]) int32,
   M = ``max_segments``: segment j + 1 starts at ``offsets[:, j]`` and has ``lengths[:, j]``
   tokens; absent segments (and the last offset) are -1."""
-  S = segment_ids.shape[1]
   ids = jnp.arange(1, max_segments + 1, dtype=jnp.int32)
   member = segment_ids[:, :, None] == ids[None, None, :]  # [B, S, M]
   lengths = member.sum(axis=1, dtype=jnp.int32)
@@ -209,7 +209,6 @@ def ragged_offsets(segment_ids: jax.Array, max_segments: int) -> tuple[jax.Array
   present = lengths > 0
   lengths = jnp.where(present, lengths, -1)
   starts = jnp.where(present, starts, -1)
-  del S
   return jnp.pad(starts, ((0, 0), (0, 1)), constant_values=-1), lengths
 
 
@@ -239,7 +238,7 @@ def _pallas_gpu(q, k, v, segment_ids, *, num_kv_heads, max_segments, interpret=F
   B, S, N, H = q.shape
   G = N // num_kv_heads
   k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
-  block = min(128, pl_next_power_of_2(S))
+  block = min(128, _next_power_of_2(S))
   pad = -S % block
   if pad:
     q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
@@ -255,7 +254,7 @@ def _pallas_gpu(q, k, v, segment_ids, *, num_kv_heads, max_segments, interpret=F
   return out[:, :S]
 
 
-def pl_next_power_of_2(n: int) -> int:
+def _next_power_of_2(n: int) -> int:
   return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
 
 

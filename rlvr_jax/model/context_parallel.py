@@ -31,11 +31,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-CONTEXT_AXIS = "context"
-# Mesh axes the batch dimension is split over when they exist and divide B (data parallelism).
-BATCH_AXES = ("data", "fsdp")
-# Mesh axis the heads are split over when it exists and divides K (tensor parallelism).
-HEAD_AXIS = "tensor"
+from rlvr_jax import sharding as sharding_lib
+
+CONTEXT_AXIS = sharding_lib.CONTEXT_AXIS
+# The training layout's mesh axes of the batch (data parallelism) and of the heads (tensor
+# parallelism), used when they exist and divide B / K.
+BATCH_AXES = dict(sharding_lib.TRAIN_RULES)["batch"]
+HEAD_AXIS = dict(sharding_lib.TRAIN_RULES)["heads"]
 
 # A finite "minus infinity": masked scores and the lse of an empty key set. exp(_NEG - x) is an
 # exact 0 for any real score x, and differences of two such values stay finite in float32.

@@ -367,13 +367,9 @@ def forward(
     (out, cache): out is [B, S, D] final hidden states (after the final RMSNorm) in the compute
     dtype, or [B, S, V] float32 logits; cache is the updated cache (None when none was given).
   """
-  if segment_ids is not None:
-    if cache is not None:
-      raise ValueError("forward: segment_ids (packed rows) are for the no-cache forward only")
-    if segment_ids.shape != tokens.shape:
-      raise ValueError(
-        f"segment_ids {segment_ids.shape} must have the shape of tokens {tokens.shape}"
-      )
+  if segment_ids is not None and cache is not None:
+    # (Their shape is checked by ``attention.self_attention``.)
+    raise ValueError("forward: segment_ids (packed rows) are for the no-cache forward only")
   segments = None if segment_ids is None else (segment_ids.astype(jnp.int32), max_segments)
   out, new_cache, _ = _forward(params, tokens, positions, config, cache, False, segments=segments)
   if return_logits:

@@ -10,9 +10,10 @@ gathered back to the [b, T] layout the objective reads. Everything after that ga
 objective, metrics, auxiliary losses) is the padded path's code on the padded path's arrays:
 loss, gradients and metrics equal it up to float rounding (tests/test_packing.py).
 
-Shapes stay few: ``r`` is the largest row count any micro-batch needs, rounded up to a multiple
-of ``max(row_multiple, ceil(b / buckets))``, so at most ``buckets`` packed shapes are compiled
-for a given batch shape; ``max_segments`` (static, used by the cuDNN kernel) is rounded up to a
+Shapes stay few: in the ``rows`` layout ``r`` is the largest row count any micro-batch needs,
+rounded up to a multiple of ``max(row_multiple, ceil(b / buckets))``, so at most ``buckets``
+packed shapes are compiled for a given batch shape; in the ``ragged`` layout the width comes
+from a grid of widths 9% apart (``ragged_width``); ``max_segments`` (static, used by the cuDNN kernel) is rounded up to a
 power of two.
 
 Completion tokens after the last loss token (padding after the stop token) are not packed: they
@@ -200,19 +201,18 @@ def pack_batch(
       changes nothing, except for objectives with micro-batch-scope statistics
       (``scope='micro'``), whose split is then a different one.
   """
+  prompt_len, kept = sequence_lengths(batch.positions, batch.completion_mask)
   if balance and num_microbatches > 1:
-    prompt_len, kept = sequence_lengths(batch.positions, batch.completion_mask)
     order = balanced_order(prompt_len + kept, num_microbatches)
     batch = jax.tree.map(lambda x: np.asarray(x)[order], batch)
+    prompt_len, kept = prompt_len[order], kept[order]
   tokens, positions = np.asarray(batch.tokens), np.asarray(batch.positions)
-  cmask = np.asarray(batch.completion_mask, bool)
   B, S = tokens.shape
-  T = cmask.shape[1]
+  T = np.shape(batch.completion_mask)[1]
   Sp = S - T
   if B % num_microbatches:
     raise ValueError(f"batch rows {B} not divisible by num_microbatches={num_microbatches}")
   b = B // num_microbatches
-  prompt_len, kept = sequence_lengths(positions, cmask)
   lengths = prompt_len + kept
   plans, r, W = plan(
     lengths, num_microbatches=num_microbatches, width=S if width is None else int(width),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -366,7 +367,8 @@ class MeshLayout(Layout):
 
   @property
   def row_multiple(self) -> int:
-    return int(self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1))
+    axes = dict(sharding_lib.TRAIN_RULES)["batch"]  # the axes ``shard_rows`` splits rows over
+    return math.prod(int(self.mesh.shape.get(a, 1)) for a in axes)
 
   def place_batch(self, batch):
     if self.context_size > 1:
