@@ -1,7 +1,10 @@
-"""Test-wide settings: offline hubs, 8 simulated CPU devices, float32 matmuls, and the limits of
-an opt-in persistent XLA compilation cache."""
+"""Test-wide settings: offline hubs, 8 simulated CPU devices, float32 matmuls, the folder of the
+trainer's persistent compilation cache, and a bound on the memory mappings of a test process."""
 
 import os
+import tempfile
+
+import pytest
 
 # Must be set before jax is imported anywhere.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,6 +26,41 @@ if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
   os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
+# The trainer's persistent compilation cache (rlvr_jax.compilation, on by default): the tests'
+# runs share one folder of this machine's temporary directory instead of ~/.cache, so pytest-xdist's
+# workers and the `python -m rlvr_jax.main` subprocesses load what another one compiled.
+os.environ.setdefault(
+  "RLVR_JAX_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"rlvr_jax_tests_xla_{os.getuid()}")
+)
+
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+# A test process must stay far from the kernel's limit on memory mappings (vm.max_map_count,
+# 65,530 by default), where XLA:CPU can no longer map a compiled program and the process dies.
+# Each executable XLA:CPU keeps is mapped in pieces, so a growing count means compiled programs
+# that are never given back (rlvr_jax.compilation). Checked after every test, in every worker.
+MAX_MAPPINGS = 30_000
+
+
+def memory_mappings() -> int | None:
+  """The number of this process's memory mappings (Linux), else None."""
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+  result = yield
+  count = memory_mappings()
+  if count is not None and count > MAX_MAPPINGS:
+    raise AssertionError(
+      f"this test process holds {count} memory mappings after {item.nodeid} (limit "
+      f"{MAX_MAPPINGS}): compiled programs are accumulating instead of being given back"
+    )
+  return result

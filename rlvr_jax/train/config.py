@@ -226,6 +226,9 @@ def base_config() -> ConfigDict:
   c.eval = ConfigDict(dict(every=25, num_samples=4, temperature=1.0, batch_size=256))
   c.checkpoint = ConfigDict(dict(every=25, keep=2, async_save=True, resume=True))
   c.logging = ConfigDict(dict(tensorboard=True, progress=True, plot=True))
+  # JAX's persistent compilation cache (rlvr_jax.compilation): 'auto' = $RLVR_JAX_CACHE_DIR or
+  # ~/.cache/rlvr_jax/xla; a folder; '' or 'off' to turn it off.
+  c.compilation = ConfigDict(dict(cache_dir="auto"))
   c.env = env_config.env_section()  # multi-turn episodes (issue 16): active when env.id is set
   return c
 

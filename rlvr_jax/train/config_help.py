@@ -142,6 +142,8 @@ FIELD_HELP: dict[str, str] = {
   "logging.tensorboard": "write TensorBoard events to workdir/tb",
   "logging.progress": "show the progress bar",
   "logging.plot": "write workdir/curves.png at the end",
+  "compilation.cache_dir": "JAX's persistent compilation cache: 'auto' ($RLVR_JAX_CACHE_DIR or "
+  "~/.cache/rlvr_jax/xla), a folder, or 'off'",
   # env (multi-turn episodes, train.multiturn)
   "env.id": "multi-turn env: gem:<id>, package.module:Name or a built-in ('' = single-turn)",
   "env.tools": "tool names wrapping the env in envs.ToolEnv (python, calculator)",

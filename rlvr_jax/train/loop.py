@@ -22,6 +22,7 @@ and run key, so ``N/2 steps, kill, resume, N/2 steps`` repeats an uninterrupted 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import checkpoint as ckpt_lib
+from rlvr_jax import compilation
 from rlvr_jax import data as data_lib
 from rlvr_jax import metrics as metrics_lib
 from rlvr_jax.train import (
@@ -77,6 +79,8 @@ class Trainer:
       log = _quiet
     self.c, self.log = config, log
     c = config
+    # JAX's persistent compilation cache (process-wide): what an earlier run compiled is loaded.
+    compilation.configure_cache(c.compilation.cache_dir)
     self.runtime = None
     self.multiturn = bool(c.env.id)  # environment episodes instead of single-turn prompts
     os.makedirs(c.workdir, exist_ok=True)
@@ -502,12 +506,29 @@ class Trainer:
       summary["plot"] = path
     return summary
 
+  # What a run holds on the device and in compiled code: dropped by ``close``.
+  _RUN_HOLDINGS = ("state", "train_step", "plain_train_step", "shared_train_step", "prm_step")
+
   def close(self) -> None:
-    self.checkpointer.close()
-    if self.runtime is not None:
-      self.runtime.close()
-    if self.multiturn and hasattr(self, "collector"):
-      self.collector.close()
+    """Ends the run: waits for the checkpoint writes, stops the worker processes, and gives back
+    the run's device buffers and compiled steps (``rlvr_jax.compilation``), so a process that
+    runs many experiments stays the size of one. A closed Trainer keeps its config and
+    ``finished`` summary; read ``state`` before closing."""
+    try:
+      self.checkpointer.close()
+      if self.runtime is not None:
+        self.runtime.close()
+      if self.multiturn and hasattr(self, "collector"):
+        self.collector.close()
+    finally:
+      for name in self._RUN_HOLDINGS:
+        if hasattr(self, name):
+          setattr(self, name, None)
+      if hasattr(self, "collector"):
+        self.collector.score_fn = None
+      # The Trainer refers to itself (``train_step`` is a bound method): free it and what only
+      # it held now, not at the next collection.
+      gc.collect()
 
 
 def _quiet(_: str) -> None:

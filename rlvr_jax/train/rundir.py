@@ -36,6 +36,7 @@ NON_DEFINING = (
   "workdir",
   "checkpoint.",
   "logging.",
+  "compilation.",
   "eval.every",
   "eval.batch_size",
   "reward.num_workers",

@@ -396,9 +396,20 @@ def _train_step(state: TrainState, batch: TrainBatch, num_tokens, num_seqs, key,
   return state, out
 
 
-# The one jitted step: compiled once per distinct StepConfig (static) and input shapes; the state
-# is donated.
-train_step = jax.jit(_train_step, static_argnames=("cfg",), donate_argnums=(0,))
+def owned_jit(fn, **jit_kwargs):
+  """``jax.jit`` of a new function object that calls ``fn``: the executables compiled through it
+  live as long as the returned callable, not as long as the process.
+
+  jax keys its caches on the function object (weakly), so a module-level ``jax.jit(fn)`` keeps
+  every executable it ever compiled; a run that builds its steps with this instead gives them
+  back when it drops them (``rlvr_jax.compilation``). Within one callable, calls with equal
+  static arguments and shapes compile once, as with ``jax.jit``."""
+
+  @functools.wraps(fn)
+  def owned(*args, **kwargs):
+    return fn(*args, **kwargs)
+
+  return jax.jit(owned, **jit_kwargs)
 
 
 def make_train_step(
@@ -416,8 +427,9 @@ def make_train_step(
   auxiliary_kwargs: dict | None = None,
   prompt_group: int = 1,
 ):
-  """``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``: the jitted
-  ``train_step`` bound to its ``StepConfig``.
+  """``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``: the step jitted
+  for its ``StepConfig`` (static), the state donated. The returned callable owns its executables:
+  one compile per input shapes while it lives, freed with it (``owned_jit``).
 
   Args:
     model_config: the ``model.ModelConfig``.
@@ -455,7 +467,8 @@ def make_train_step(
     auxiliary=losses.AUXILIARY_LOSSES[auxiliary] if isinstance(auxiliary, str) else auxiliary,
     auxiliary_kwargs=tuple(sorted((auxiliary_kwargs or {}).items())),
   )  # fmt: skip
-  return functools.partial(train_step, cfg=cfg)
+  step = owned_jit(_train_step, static_argnames=("cfg",), donate_argnums=(0,))
+  return functools.partial(step, cfg=cfg)
 
 
 def _score(params, tokens, positions, num_completion, *, model_config, temperature, chunk_size,
@@ -473,22 +486,20 @@ def _score(params, tokens, positions, num_completion, *, model_config, temperatu
   return logp.reshape(b, -1), ent.reshape(b, -1)
 
 
-# The no-grad scoring pass, jitted once per static configuration.
-score_logprobs = jax.jit(
-  _score,
-  static_argnames=("num_completion", "model_config", "temperature", "chunk_size",
-                   "num_microbatches", "prompt_group"),
-)  # fmt: skip
-
-
 def make_score_fn(
   *, model_config, temperature: float = 1.0, chunk_size: int = 128, num_microbatches=1
 ):
   """``score(params, tokens, positions, num_completion) -> (logp, entropy)``: a no-grad pass (old
   log-probs before several updates, reference log-probs) over micro-batches of B / M rows, the
   jitted ``score_logprobs`` bound to its static configuration. Pass ``prompt_group=G`` to a call
-  whose micro-batches hold whole blocks of G rows sharing a prompt (``completion_hidden``)."""
+  whose micro-batches hold whole blocks of G rows sharing a prompt (``completion_hidden``).
+  Jitted for this configuration and owned by the returned callable (``owned_jit``)."""
+  score = owned_jit(
+    _score,
+    static_argnames=("num_completion", "model_config", "temperature", "chunk_size",
+                     "num_microbatches", "prompt_group"),
+  )  # fmt: skip
   return functools.partial(
-    score_logprobs, model_config=model_config, temperature=temperature, chunk_size=chunk_size,
+    score, model_config=model_config, temperature=temperature, chunk_size=chunk_size,
     num_microbatches=num_microbatches,
   )  # fmt: skip
