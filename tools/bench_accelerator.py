@@ -1,5 +1,8 @@
 """One update of rlvr_jax vs PyTorch + transformers (TRL's GRPO update) on one GPU, in one command.
 
+Table: docs/benchmarks.md, "One update against PyTorch + transformers on one GPU
+(`tools/bench_accelerator.py`)" (under "The update on an accelerator").
+
   python tools/bench_accelerator.py --json-out /tmp/bench_accelerator.json   # ~8 min on an H200
   python tools/bench_accelerator.py --tiny --packing off --rounds 1           # CPU, seconds
 
@@ -23,13 +26,13 @@ most ``--microbatch-tokens`` tokens; the same rows x tokens per update on both s
          summed over completion tokens / their count, ``clip_grad_norm_(1.0)``,
          ``torch.optim.AdamW(fused=True)``. Same lr / betas / eps / clip as ours.
 
-Each (side, shape) runs in its own worker process (so peak memory is per side): ours then torch
-build and warm up (``--warmup`` updates, compiles), then ``--rounds`` interleaved rounds (ours,
-torch, ours, torch, ...). While one side computes the other sits idle holding its memory (JAX's
-pool does not shrink); a side that runs out of memory next to the other is measured again alone,
-and only an OOM alone is reported as OOM (``alone: true`` marks such a measurement). Workers run
-with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95`` (unless
-set), so JAX may use about as much of the GPU as torch.
+Each (side, shape) runs in its own worker process (``harness.Worker``; so peak memory is per side):
+ours then torch build and warm up (``--warmup`` updates, compiles), then ``--rounds`` interleaved
+rounds (ours, torch, ours, torch, ...). While one side computes the other sits idle holding its
+memory (JAX's pool does not shrink); a side that runs out of memory next to the other is measured
+again alone, and only an OOM alone is reported as OOM (``alone: true`` marks such a measurement).
+Workers run with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``
+(unless set), so JAX may use about as much of the GPU as torch.
 
 Model FLOPs of one update (matmuls only; biases, norms, softmax not counted), over real tokens:
   6 * P_ne * sum_b S_b              P_ne = L (D N H + 2 D K H + N H D + 3 D F), non-embedding
@@ -38,7 +41,8 @@ Model FLOPs of one update (matmuls only; biases, norms, softmax not counted), ov
 S_b = tokens of row b (prompt + completion), T_b = its completion tokens. Hardware FLOPs add the
 forward that per-layer checkpointing recomputes (both sides): + 2 P_ne sum S_b + 2 L N H sum S_b^2.
 TFLOP/s = FLOPs / median seconds; "% peak" = model TFLOP/s / the best bf16 [n, n] @ [n, n]
-matmul measured in the same process (``jnp.matmul`` jitted, ``torch.matmul``; n = 8192 on GPU).
+matmul measured in the same process (``harness.matmul_peak``, ``harness.torch_matmul_peak``;
+n = 8192 on GPU).
 Peak memory: ``memory_stats()["peak_bytes_in_use"]`` / ``torch.cuda.max_memory_allocated()`` over
 the worker's life (weights, optimizer state, activations; the matmul peak is measured after).
 
@@ -60,8 +64,11 @@ spent (``--parts`` chooses). ``JAX_COMPILATION_CACHE_DIR`` makes a second run co
 The table: shape (micro-batches ours/torch) | ours: median s [min-max] (model TFLOP/s, % peak,
 peak GB) | torch: the same | ratio = ours median s / torch median s (< 1: ours is faster).
 
-JSON (``--json-out``): {tool, date, git_commit, argv, machine: {hostname, platform, cpus, python,
-ours_platform, ours_device, torch_platform, torch_device, jax_version, torch_version}, settings:
+JSON (``--json-out``, ``harness.write_json``): {tool, argv, environment (``harness.environment``:
+date, git commit and dirty flag, machine, versions, environment variables; jax's devices are not
+asked in the parent, which would take GPU memory from the workers), git_commit (the commit,
+"+dirty" when tracked files changed), machine: {ours_platform, ours_device, torch_platform,
+torch_device, jax_version, torch_version} (what the workers saw), settings:
 {model, model_config, attention, packing, lengths, rounds, warmup, optimizer, clip, ...},
 flop_formula, shapes: [{shape, rows, tokens_per_row, prompt_tokens, completion_tokens, tokens,
 microbatches: [ours, torch], non_embedding_params, model_flops, hardware_flops, ratio, ours and
@@ -92,20 +99,17 @@ import importlib.util
 import json
 import os
 import platform
-import queue
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import harness  # noqa: E402
 
 
 def _hf_configs() -> dict:
@@ -245,9 +249,8 @@ def _run_guarded(fn):
 
 
 def _timed(fn) -> dict:
-  t0 = time.perf_counter()
-  fn()
-  return {"status": "ok", "seconds": time.perf_counter() - t0}
+  """One call of ``fn`` (it waits for its own work) as a worker's reply."""
+  return {"status": "ok", "seconds": harness.timed(fn, block=False)[0]}
 
 
 def _max_rss_bytes() -> int:
@@ -283,7 +286,6 @@ def ours_update_worker(spec: dict, channel):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from bench_train import matmul_peak
 
   from rlvr_jax import model
   from rlvr_jax.train import optimizer as optimizer_lib
@@ -331,7 +333,7 @@ def ours_update_worker(spec: dict, channel):
 
   def finish():
     peak_memory = _jax_peak_memory()
-    best = max(matmul_peak(spec["peak_n"], repeats=5, dtype=jnp.bfloat16) for _ in range(2))
+    best = max(harness.matmul_peak(spec["peak_n"], repeats=5, dtype=jnp.bfloat16) for _ in range(2))
     return {"status": "ok", "peak_memory_bytes": peak_memory, "max_rss_bytes": _max_rss_bytes(),
             "matmul_peak_flops": best}  # fmt: skip
 
@@ -421,27 +423,11 @@ def torch_update_worker(spec: dict, channel):
 
   def finish():
     peak_memory = torch.cuda.max_memory_allocated() if cuda else None
+    peak = harness.torch_matmul_peak(spec["peak_n"], device=device)
     return {"status": "ok", "peak_memory_bytes": peak_memory, "max_rss_bytes": _max_rss_bytes(),
-            "matmul_peak_flops": torch_matmul_peak(spec["peak_n"], device, sync)}  # fmt: skip
+            "matmul_peak_flops": peak}  # fmt: skip
 
   channel.serve({"step": lambda: _run_guarded(lambda: _timed(update)), "finish": finish})
-
-
-def torch_matmul_peak(n: int, device: str, sync, repeats: int = 10) -> float:
-  """Best FLOP/s of a bfloat16 [n, n] @ [n, n] ``torch.matmul`` (2 n^3 FLOPs), timed as
-  ``bench_train.matmul_peak`` times ours: one call, synchronised, best of ``repeats``."""
-  import torch
-
-  a = torch.randn(n, n, device=device).to(torch.bfloat16)
-  torch.matmul(a, a)
-  best = float("inf")
-  for _ in range(repeats):
-    sync()
-    t0 = time.perf_counter()
-    torch.matmul(a, a)
-    sync()
-    best = min(best, time.perf_counter() - t0)
-  return 2 * n**3 / best
 
 
 def rollout_worker(spec: dict, channel):
@@ -465,14 +451,10 @@ def rollout_worker(spec: dict, channel):
     jax.block_until_ready(out.tokens)
     return int(np.asarray(out.completion_mask).sum())
 
-  t0 = time.perf_counter()
-  generated = generate(0)
-  first = time.perf_counter() - t0
+  first, generated = harness.timed(lambda: generate(0), block=False)
   seconds = []
   while len(seconds) < spec["rounds"] and (not seconds or time.time() < spec["stop_at"]):
-    t0 = time.perf_counter()
-    generate(len(seconds) + 1)
-    seconds.append(time.perf_counter() - t0)
+    seconds.append(harness.timed(lambda: generate(len(seconds) + 1), block=False)[0])
   med = statistics.median(seconds)
   channel.send({
     "status": "ok", **_jax_info(), "rows": rows, "new_tokens": new, "prompt_tokens": prompt,
@@ -551,76 +533,40 @@ WORKERS = {"ours": ours_update_worker, "torch": torch_update_worker, "rollout": 
 
 
 def worker_main(kind: str, spec: dict):
-  from bench_trl_workers import Channel
-
-  channel = Channel()
+  channel = harness.Channel()
   reply = _run_guarded(lambda: WORKERS[kind](spec, channel))
   if reply is not None:  # the build failed: say so (a worker that served returns None)
     channel.send(reply)
 
 
 # ------------------------------------------------------------------------------ the parent side
-class Worker:
-  """One worker process; replies are read with a deadline (a late worker is killed)."""
+class Worker(harness.Worker):
+  """One worker process (its own process group: a late worker is stopped with what it started,
+  reward workers); replies are read with a deadline (a late worker is killed), and a failure is
+  a reply {"status": "timeout" | "oom" | "error", "error": ...}."""
 
   def __init__(self, kind: str, spec: dict, folder: str, deadline: float):
-    self.kind, self.deadline = kind, deadline
-    self.log_path = os.path.join(folder, f"{kind}_{spec.get('shape', kind)}.log")
-    self.log = open(self.log_path, "w")
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    self.kind = kind
+    env = harness.child_env()
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
     env.setdefault("HF_HUB_OFFLINE", "1")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, json.dumps(spec)]
-    # Its own process group: a late worker is stopped with what it started (reward workers).
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=self.log, text=True, env=env, process_group=0)  # fmt: skip
-    self.lines = queue.Queue()
-    threading.Thread(target=self._pump, daemon=True).start()
-
-  def _pump(self):
-    for line in self.proc.stdout:
-      self.lines.put(line)
-    self.lines.put(None)
+    log_path = os.path.join(folder, f"{kind}_{spec.get('shape', kind)}.log")
+    super().__init__(cmd, log_path=log_path, env=env, deadline=deadline)
 
   def read(self) -> dict:
     try:
-      line = self.lines.get(timeout=max(1.0, self.deadline - time.time()))
-    except queue.Empty:
-      self._kill()
-      return {"status": "timeout", "error": "stopped at the budget's end"}
-    if line is None:
-      self.proc.wait()
-      with open(self.log_path) as f:
-        tail = f.read()[-1500:]
+      return super().read()
+    except harness.WorkerTimeout as e:
+      return {"status": "timeout", "error": str(e)}
+    except harness.WorkerExited as e:
+      tail = e.log_tail[-1500:]
       status = "oom" if "out of memory" in tail.lower() else "error"
-      return {"status": status, "error": f"worker exited ({self.proc.returncode}): {tail}"}
-    return json.loads(line)
-
-  def ask(self, command: str) -> dict:
-    try:
-      self.proc.stdin.write(command + "\n")
-      self.proc.stdin.flush()
-    except BrokenPipeError:
-      pass
-    return self.read()
+      return {"status": status, "error": f"worker exited ({e.returncode}): {tail}"}
 
   def close(self):
-    if self.proc.poll() is None:
-      try:
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.flush()
-        self.proc.wait(timeout=30)
-      except (BrokenPipeError, subprocess.TimeoutExpired):
-        self._kill()
-    self.log.close()
-
-  def _kill(self):
-    try:
-      os.killpg(self.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-    self.proc.wait()
+    super().close(timeout=30)
 
 
 def measure_shape(shape: Shape, base: dict, folder: str, clock) -> dict:
@@ -701,10 +647,11 @@ def summarise_side(r: dict, flops: dict) -> dict:
   s = r.get("seconds") or []
   if r.get("status") != "ok" or not s:
     return r
-  med = statistics.median(s)
+  t = harness.Timing(s)
+  med = t.median
   peak = r.get("matmul_peak_flops")
   return {
-    **r, "median_s": med, "min_s": min(s), "max_s": max(s),
+    **r, "median_s": med, "min_s": t.min, "max_s": t.max,
     "model_tflops": flops["model_flops"] / med / 1e12,
     "hardware_tflops": flops["hardware_flops"] / med / 1e12,
     "matmul_peak_tflops": peak / 1e12 if peak else None,
@@ -752,14 +699,9 @@ def markdown(report: dict) -> str:
   return "\n".join(lines)
 
 
-def _git_commit() -> str | None:
-  try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return head.stdout.strip() + ("+dirty" if dirty else "") if head.returncode == 0 else None
-  except OSError:
-    return None
+def _git_commit(env: dict) -> str | None:
+  git = env["git"]
+  return git["commit"] + ("+dirty" if git["dirty"] else "") if git["commit"] else None
 
 
 def parse_args(argv=None):
@@ -770,8 +712,6 @@ def parse_args(argv=None):
   p.add_argument("--shapes", help=f"ROWSxTOKENS[:M | :M_OURS/M_TORCH],... ({DEFAULT_SHAPES})")
   p.add_argument("--microbatch-tokens", type=int, default=16384, help="default micro-batch size")
   p.add_argument("--lengths", default="uniform", choices=("uniform", "longtail"))
-  p.add_argument("--rounds", type=int, default=3)
-  p.add_argument("--warmup", type=int, default=1)
   p.add_argument("--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS)
   p.add_argument(
     "--packing", default="auto", choices=("auto", "off", "rows", "ragged"),
@@ -784,7 +724,7 @@ def parse_args(argv=None):
   p.add_argument("--budget-s", type=float, default=420.0)
   p.add_argument("--grace-s", type=float, default=60.0)
   p.add_argument("--tiny", action="store_true", help=f"CPU-sized defaults: {TINY}")
-  p.add_argument("--json-out", default="")
+  harness.add_common_args(p, rounds=3, warmup=1)
   p.add_argument("--out-dir", default="", help="worker logs (default: a temporary folder)")
   args = p.parse_args(argv)
   for name, value in (TINY if args.tiny else DEFAULTS).items():
@@ -810,11 +750,10 @@ def main(argv=None):
               rollout=[int(x) for x in args.rollout.split("x")],
               rl_step=[int(x) for x in args.rl_step.split("x")])  # fmt: skip
   cfg = ModelConfig.from_hf_dict(MODELS[args.model])
+  env = harness.environment(packages=("torch", "transformers", "optax"), devices="none")
+  print(harness.header(env), flush=True)
   report = {
-    "tool": "tools/bench_accelerator.py", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    "git_commit": _git_commit(), "argv": sys.argv[1:] if argv is None else argv,
-    "machine": {"hostname": platform.node(), "platform": platform.platform(),
-                "cpus": os.cpu_count(), "python": platform.python_version()},
+    "git_commit": _git_commit(env), "machine": {},
     "settings": {k: v for k, v in base.items() if k != "folder"} | {"model_config": MODELS[args.model],
                                                                     "optimizer": OPTIM, "clip": CLIP},
     "flop_formula": __doc__.split("Model FLOPs")[1].split("TFLOP/s =")[0].strip(),
@@ -853,8 +792,8 @@ def main(argv=None):
   report["wall_s"] = time.time() - clock.t0
   text = markdown(report)
   if args.json_out:
-    with open(args.json_out, "w") as f:
-      json.dump(report, f, indent=2, default=str)
+    harness.write_json(args.json_out, report, env, tool="tools/bench_accelerator.py",
+                       argv=sys.argv[1:] if argv is None else argv)  # fmt: skip
   print(text)
   print(f"# wall {report['wall_s']:.0f} s; worker logs in {folder}")
   return report

@@ -1,7 +1,10 @@
 """Where a decode step's time goes: our step vs its matmul-only and weight-streaming floors.
 
+Table: docs/benchmarks.md, "Where a decode step's time goes (`tools/bench_decode_floor.py`)".
+
 For a model config (default: SmolLM2-135M's shapes with random weights; the timing does not depend
-on the values) and each batch size, one process measures, best of ``--repeats``:
+on the values) and each batch size, one process measures, best of ``--repeats`` after a warm-up
+call (``harness.time_calls``):
 
   * step: ``sampling.decode_step`` in a host loop, unstacked weights, a cache of ``--prompt`` +
     ``--new-tokens`` slots (every slot attended, as in ``generate``'s loop);
@@ -14,7 +17,8 @@ step - matmul floor bounds what attention over the cache, norms, RoPE and the ca
 (Replacing the attention by a stand-in to time the rest is not reliable: XLA then lays out the
 output projection differently, and at batch 64 that "step without attention" was slower.)
 
-Usage (idle machine; record ``uptime``):
+Usage (idle machine; the environment record is printed first; ``--json-out PATH`` writes it with
+the rows):
   .venv/bin/python tools/bench_decode_floor.py --batch-sizes 8,32,64
 """
 
@@ -22,8 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import time
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -35,15 +38,13 @@ from rlvr_jax.model import ModelConfig, init_params, unstack_layers  # noqa: E40
 from rlvr_jax.model.smollm2 import SMOLLM2_SHAPES  # noqa: E402
 from rlvr_jax.sampling import decode_step, prefill  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 
 def best(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return min(times)
+  """The fastest of ``repeats`` calls after a warm-up one."""
+  return harness.time_calls(fn, warmup=1, repeats=repeats).min
 
 
 def step_ms(params, config, batch, prompt, new_tokens, repeats, steps=8) -> float:
@@ -103,23 +104,26 @@ def main():
   parser.add_argument("--prompt", type=int, default=48)
   parser.add_argument("--new-tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
+  harness.add_common_args(parser)
   args = parser.parse_args()
   config = ModelConfig.tiny(**SMOLLM2_SHAPES, max_position_embeddings=2048)
   params = init_params(config, jax.random.key(0))
   mb = sum(a.nbytes for a in jax.tree.leaves(params)) / 1e6
-  print(
-    f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; jax {jax.__version__}; {mb:.0f} MB"
-  )
-  print("# load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+  env = harness.environment()
+  print(harness.header(env, f"{mb:.0f} MB of weights"))
   read = weight_read_ms(params, args.repeats)
   print(f"# weight read: {read:.1f} ms ({mb / read:.1f} GB/s)")
   print("| batch | step ms | matmul floor ms | step - floor ms | weight read ms |")
   print("|---|---|---|---|---|")
+  rows = []
   for batch in [int(b) for b in args.batch_sizes.split(",")]:
     full = step_ms(params, config, batch, args.prompt, args.new_tokens, args.repeats)
     floor = matmul_floor_ms(params, config, batch, args.repeats)
     print(f"| {batch} | {full:.1f} | {floor:.1f} | {full - floor:.1f} | {read:.1f} |", flush=True)
-  print("# load after:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    rows.append({"batch": batch, "step_ms": full, "matmul_floor_ms": floor, "weight_read_ms": read})
+  print(f"# load after: {harness.load_text()}")
+  if args.json_out:
+    harness.write_json(args.json_out, {"settings": vars(args), "weights_mb": mb, "rows": rows}, env)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Score the math grader table with our reward and with math-verify alone; agreement per family.
 
+Table: docs/benchmarks.md, "Math grader agreement (`tools/bench_grader.py`)".
+
   .venv/bin/python tools/bench_grader.py                   # markdown table + disagreements
   .venv/bin/python tools/bench_grader.py --baseline_file /tmp/old_math_reward.py
+  .venv/bin/python tools/bench_grader.py --json-out /tmp/grader.json   # + environment record
 
 The table is tests/data/math_grader_table.py: (completion, reference, verdict) rows a careful
 grader decided. Scorers:
@@ -16,7 +19,8 @@ grader decided. Scorers:
                ``$...$``; none or malformed = reject): the comparison alone, extraction fixed.
   baseline     optional: ``MathReward()`` from another copy of math_reward.py (e.g. an older
                commit's), in-process.
-Agreement = rows whose verdict the scorer reproduces / rows.
+Agreement = rows whose verdict the scorer reproduces / rows. It counts, it does not time (the
+header gives the whole scoring's wall time).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import collections
 import importlib.util
 import os
 import sys
-import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
+sys.path.insert(0, os.path.join(_ROOT, "tools"))
+
+import harness  # noqa: E402
 
 from rlvr_jax import rewards  # noqa: E402
 from rlvr_jax.rewards.math_extract import find_final_answer  # noqa: E402
@@ -89,27 +95,31 @@ def main() -> None:
   )
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--baseline_file", default=None, help="another math_reward.py to compare")
+  harness.add_common_args(parser)
   args = parser.parse_args()
 
   rows = load_table(args.table)
-  start = time.perf_counter()
-  scorers = {
-    "ours": through_runtime(rewards.MathReward(), rows, args.workers),
-    "ours+ln": through_runtime(rewards.MathReward(fallback="last_number"), rows, args.workers),
-  }
-  if args.baseline_file:
-    scorers["baseline"] = baseline_verdicts(args.baseline_file, rows)
-  scorers["math-verify"] = [math_verify_alone(r.completion, r.reference) for r in rows]
-  scorers["mv-on-ours"] = [math_verify_on_extracted(r.completion, r.reference) for r in rows]
-  elapsed = time.perf_counter() - start
+
+  def score():
+    scorers = {
+      "ours": through_runtime(rewards.MathReward(), rows, args.workers),
+      "ours+ln": through_runtime(rewards.MathReward(fallback="last_number"), rows, args.workers),
+    }
+    if args.baseline_file:
+      scorers["baseline"] = baseline_verdicts(args.baseline_file, rows)
+    scorers["math-verify"] = [math_verify_alone(r.completion, r.reference) for r in rows]
+    scorers["mv-on-ours"] = [math_verify_on_extracted(r.completion, r.reference) for r in rows]
+    return scorers
+
+  elapsed, scorers = harness.timed(score, block=False)
 
   families = list(dict.fromkeys(r.family for r in rows))
-  print(
-    f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {len(rows)} rows, {elapsed:.0f} s"
-  )
+  env = harness.environment(packages=("math-verify",), devices="none")
+  print(harness.header(env, f"{len(rows)} rows, {elapsed:.0f} s"))
   names = list(scorers)
   print("| family | rows | accept | " + " | ".join(names) + " |")
   print("|---|---|---|" + "---|" * len(names))
+  table = []
   for family in [*families, None]:
     idx = [i for i, r in enumerate(rows) if family is None or r.family == family]
     cells = []
@@ -119,6 +129,8 @@ def main() -> None:
     accept = sum(rows[i].verdict for i in idx)
     label = "**all**" if family is None else family
     print(f"| {label} | {len(idx)} | {accept} | " + " | ".join(cells) + " |")
+    table.append({"family": family or "all", "rows": len(idx), "accept": accept,
+                  "agree": dict(zip(names, cells, strict=True))})  # fmt: skip
 
   for name in names:
     wrong = [i for i, r in enumerate(rows) if scorers[name][i] != r.verdict]
@@ -129,6 +141,10 @@ def main() -> None:
     for i in wrong:
       r = rows[i]
       print(f"  [{r.family}] want {r.verdict}: {r.completion!r} vs {r.reference!r} ({r.why})")
+  if args.json_out:
+    wrong = {n: [i for i, r in enumerate(rows) if scorers[n][i] != r.verdict] for n in names}
+    harness.write_json(args.json_out, {"settings": vars(args), "elapsed_s": elapsed,
+                                       "table": table, "disagreements": wrong}, env)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """Benchmark: log-probs + entropy + GRPO loss from hidden states, forward and backward, vs TRL and verl.
 
+Table: docs/benchmarks.md, "Log-probs + entropy + GRPO loss from hidden states, forward and
+backward (`tools/bench_logprobs.py`)".
+
 Every contender computes, from the same seeded inputs (hidden [1, T, D], unembedding [D, V] with D = 896
 as in Qwen2.5-0.5B and the real Qwen vocabulary V = 151,936, next tokens [1, T]):
 
@@ -7,7 +10,7 @@ as in Qwen2.5-0.5B and the real Qwen vocabulary V = 151,936, next tokens [1, T])
   L = token-mean PPO-clip (eps 0.2/0.2, group advantages) - 1e-3 * token-mean H
   grads of L w.r.t. hidden and W
 
-Contenders (each in its own subprocess, so peak memory and time are clean):
+Contenders (each in its own subprocess, ``harness.run_child``, so peak memory and time are clean):
 
   jax_chunked     rlvr_jax.logprobs (custom VJP, per-chunk recomputation) + rlvr_jax.losses.grpo_objective
   jax_fused       rlvr_jax.logprobs.fused_objective_from_hidden: the same grpo_objective fused into one
@@ -27,13 +30,15 @@ contenders load its files from the downloaded 0.9.1 wheel: pass `--verl-src DIR`
 holding `verl/`) and `--verl-deps DIR` (a pip `--target` dir with tensordict, pyvers, cloudpickle,
 orjson, importlib_metadata). Without them the verl contenders are skipped.
 
-Peak memory = the subprocess's peak RSS (VmHWM, reset through /proc/self/clear_refs after imports, input
-creation and JAX compilation) minus its RSS at that point. Time = median over `--reps` runs after one
-warm-up run. Before timing, a correctness check runs every contender on a small case (T = 128, same D and
-V) against a float64 PyTorch reference.
+Peak memory = the subprocess's peak RSS (VmHWM, reset through /proc/self/clear_refs after imports,
+input creation and JAX compilation) minus its RSS at that point. Time = median over `--reps` runs
+after `--warmup` runs (``harness.time_calls``). Before timing, a correctness check runs every
+contender on a small case (T = 128, same D and V) against a float64 PyTorch reference.
 
   HF_HUB_OFFLINE=1 .venv/bin/python tools/bench_logprobs.py --tokens 2048 8192 \
       --verl-src /tmp/verl_src --verl-deps /tmp/verl_deps
+
+``--json-out PATH``: the environment record, the check and the timings as JSON.
 """
 
 from __future__ import annotations
@@ -41,12 +46,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
 
 D_MODEL = 896  # Qwen2.5-0.5B hidden size
 VOCAB = 151_936  # Qwen2/2.5 vocabulary
@@ -309,45 +316,35 @@ def _build_jax(name, data, args):
   return step, to_numpy
 
 
-def _worker(args):
-  if args.worker == "prepare":
-    _prepare(args.inputs, args.num_tokens, args.seed)
-    with open(args.result, "w") as f:
-      json.dump({"ok": True}, f)
-    return
-  data = dict(np.load(args.inputs))
-  build = _build_jax if args.worker.startswith("jax") else _build_torch
-  step, to_numpy = build(args.worker, data, args)
+def worker(*, name, inputs, result, mode, num_tokens, reps, warmup, seed, chunk_size,
+           vocab_chunk_size, verl_src) -> dict:  # fmt: skip
+  """In a child process: ``prepare`` the inputs, or run contender ``name`` once (``mode``
+  "check": its outputs saved to ``result`` + ".npz") or time it (``mode`` "time")."""
+  if name == "prepare":
+    _prepare(inputs, num_tokens, seed)
+    return {"ok": True}
+  data = dict(np.load(inputs))
+  build = _build_jax if name.startswith("jax") else _build_torch
+  opts = argparse.Namespace(chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size,
+                            verl_src=verl_src)  # fmt: skip
+  step, to_numpy = build(name, data, opts)
   del data
-  if args.mode == "check":
-    np.savez(args.result + ".npz", *to_numpy(step()))
-    with open(args.result, "w") as f:
-      json.dump({"ok": True}, f)
-    return
+  if mode == "check":
+    np.savez(result + ".npz", *to_numpy(step()))
+    return {"ok": True}
   import gc
 
   gc.collect()
   _reset_peak()
   base_kib = _status_kib("VmRSS")
-  times = []
-  for i in range(args.reps + args.warmup):
-    start = time.perf_counter()
-    out = step()
-    elapsed = time.perf_counter() - start
-    del out
-    if i >= args.warmup:  # the first `warmup` runs are not timed
-      times.append(elapsed)
+  timing = harness.time_calls(step, warmup=warmup, repeats=reps)  # the warm-up counts for memory
   peak_kib = _status_kib("VmHWM")
-  with open(args.result, "w") as f:
-    json.dump(
-      {
-        "times_s": times,
-        "median_s": float(np.median(times)),
-        "base_mib": base_kib / 1024,
-        "peak_delta_mib": (peak_kib - base_kib) / 1024,
-      },
-      f,
-    )
+  return {
+    "times_s": timing.samples,
+    "median_s": timing.median,
+    "base_mib": base_kib / 1024,
+    "peak_delta_mib": (peak_kib - base_kib) / 1024,
+  }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -355,25 +352,17 @@ def _worker(args):
 
 
 def _run_worker(name, inputs, result, args, mode, num_tokens=0, reps=0):
-  cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--inputs", inputs]
-  cmd += ["--result", result, "--mode", mode, "--reps", str(reps or args.reps)]
-  cmd += ["--chunk-size", str(args.chunk_size), "--num-tokens", str(num_tokens)]
-  cmd += ["--vocab-chunk-size", str(args.vocab_chunk_size), "--warmup", str(args.warmup)]
-  cmd += ["--seed", str(args.seed)]
-  if args.verl_src:
-    cmd += ["--verl-src", args.verl_src]
-  env = dict(os.environ)
-  env["HF_HUB_OFFLINE"] = "1"
-  env["HF_DATASETS_OFFLINE"] = "1"
+  kwargs = dict(name=name, inputs=inputs, result=result, mode=mode, num_tokens=num_tokens,
+                reps=reps or args.reps, warmup=args.warmup, seed=args.seed,
+                chunk_size=args.chunk_size, vocab_chunk_size=args.vocab_chunk_size,
+                verl_src=args.verl_src)  # fmt: skip
   deps = args.verl_deps if name == "verl_logits" else ""  # keep verl's extra deps away from jax
-  env["PYTHONPATH"] = os.pathsep.join(
-    p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), deps) if p
-  )
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-  if proc.returncode != 0:
-    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-4:]}
-  with open(result) as f:
-    return json.load(f)
+  env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+         "PYTHONPATH": os.pathsep.join(p for p in (harness.ROOT, deps) if p)}  # fmt: skip
+  try:
+    return harness.run_child(harness.Child("tools/bench_logprobs.py:worker", kwargs, env))
+  except harness.ChildFailed as e:
+    return {"error": e.output.strip().splitlines()[-4:]}
 
 
 def _rel_err(got, want):
@@ -406,7 +395,7 @@ def main():
   parser.add_argument("--tokens", type=int, nargs="*", default=[2048, 8192])
   parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
   parser.add_argument("--reps", type=int, default=3)
-  parser.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
+  harness.add_common_args(parser, warmup=1, warmup_help="untimed runs before the timed ones")
   parser.add_argument("--reps-large", type=int, default=0, help="reps for T > 4096 (0: --reps)")
   parser.add_argument("--contenders-large", nargs="*", default=None, help="contenders for T > 4096")
   parser.add_argument("--chunk-size", type=int, default=0, help="0: library default")
@@ -416,20 +405,12 @@ def main():
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--verl-src", default="")
   parser.add_argument("--verl-deps", default="")
-  parser.add_argument("--json-out", default="")
-  # worker-only arguments
-  parser.add_argument("--worker", default="")
-  parser.add_argument("--inputs", default="")
-  parser.add_argument("--result", default="")
-  parser.add_argument("--mode", default="time")
-  parser.add_argument("--num-tokens", type=int, default=0)
   args = parser.parse_args()
-  if args.worker:
-    _worker(args)
-    return
 
   contenders = [c for c in args.contenders if args.verl_src or not c.startswith("verl")]
-  report = {"load_before": os.getloadavg(), "contenders": contenders, "argv": sys.argv}
+  env = harness.environment(packages=("torch", "trl"), devices="subprocess")
+  print(harness.header(env), flush=True)
+  report = {"contenders": contenders, "settings": vars(args)}
   with tempfile.TemporaryDirectory() as tmp:
     if not args.skip_check:
       report["check"] = _check(contenders, tmp, args)
@@ -451,8 +432,7 @@ def main():
       os.remove(inputs)
   report["load_after"] = os.getloadavg()
   if args.json_out:
-    with open(args.json_out, "w") as f:
-      json.dump(report, f, indent=1)
+    harness.write_json(args.json_out, report, env)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
 """Multi-turn rollout throughput against single-turn ``generate`` on the same token count.
 
+Table: docs/benchmarks.md, "Multi-turn rollouts against single-turn `generate` on the same token
+count (`tools/bench_multiturn.py`)".
+
 Multi-turn: B episodes of the ``scripted`` env, K turns of exactly A action tokens each (no stop
 token can be sampled: the stop table holds an id outside the vocabulary) and a fixed observation
 of n_obs tokens between turns, decoded by ``sampling.multiturn_rollout.rollout_episodes`` (KV-cache
 continuation, env steps in worker processes, chunked decode). Single-turn: ``sampling.generate``
 of B rows with max_new_tokens = K * A + (K - 1) * n_obs, no stop, from the same prompts. Both produce
 streams of the same length after the prompt; the table gives stream tokens per second (actions +
-observations) and the ratio multi / single. Runs alternate (single, multi, single, multi, ...)
-after a compile run of each, so the machine's drift hits both; medians over ``--rounds``.
+observations) and the ratio multi / single. Runs alternate (single, multi, single, multi, ...;
+``harness.interleave``) after ``--warmup`` compile runs of each, so the machine's drift hits both;
+medians over ``--rounds``. ``--json-out PATH``: the environment record and the samples as JSON.
 
-Usage (record ``uptime``: the 2-core machine is shared):
+Usage (the environment record, load included, is printed first: the 2-core machine is shared):
   .venv/bin/python tools/bench_multiturn.py --batch 16 --turns 4 --action-tokens 16 --rounds 5
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -31,17 +35,22 @@ from rlvr_jax.model import ModelConfig, init_params  # noqa: E402
 from rlvr_jax.sampling import Temperature, generate  # noqa: E402
 from rlvr_jax.sampling.multiturn_rollout import rollout_episodes  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--turns", type=int, default=4)
   ap.add_argument("--action-tokens", type=int, default=16)
-  ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--hidden", type=int, default=256)
   ap.add_argument("--layers", type=int, default=4)
   ap.add_argument("--chunk-steps", type=int, default=8)
+  harness.add_common_args(ap, rounds=5, warmup=1)
   args = ap.parse_args()
+  env = harness.environment()
+  print(harness.header(env))
   tok = CharTokenizer("0123456789 :,?abcdefghijklmnopqrstuvwxyz")
   config = ModelConfig.tiny(
     vocab_size=tok.vocab_size, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
@@ -62,40 +71,33 @@ def main():
     ids[b, 16 - len(p) :], mask[b, 16 - len(p) :] = p, True
   strategy = Temperature(1.0)
 
+  last = {}  # each contender's last output, checked after the rounds
+
   with envs.EnvPool(spec, num_workers=2) as pool:
 
     def multi():
-      t0 = time.perf_counter()
-      eb = rollout_episodes(
+      last["multi"] = rollout_episodes(
         params, pool, renderer, config=config, strategy=strategy, key=jax.random.key(1),
         seeds=list(range(B)), decode=tok.decode, max_tokens=total, turn_tokens=A,
         stop_sequences=never, pad_id=tok.pad_id, max_turns=K, chunk_steps=args.chunk_steps,
         buckets=(16,), obs_buckets=(n_obs,), cache_buckets=(16 + total + A,),
       )  # fmt: skip
-      wall = time.perf_counter() - t0
-      n = eb.collate(pad_id=0)["token_mask"].sum()
-      assert n == B * total, (n, B * total)
-      return wall, eb.metrics
 
     def single():
-      t0 = time.perf_counter()
-      r = generate(
+      last["single"] = generate(
         params, ids, mask, config=config, num_samples=1, strategy=strategy, key=jax.random.key(1),
         max_new_tokens=total, stop_tokens=[tok.vocab_size], pad_id=0, buckets=(16,),
       )  # fmt: skip
-      jax.block_until_ready(r.tokens)
-      wall = time.perf_counter() - t0
-      assert int(np.asarray(r.lengths).sum()) == B * total
-      return wall
+      return last["single"].tokens
 
-    multi(), single()  # compile
-    m_times, s_times, ratios, last = [], [], [], None
-    for _ in range(args.rounds):
-      s = single()
-      m, last = multi()
-      s_times.append(s)
-      m_times.append(m)
-      ratios.append(s / m)
+    samples = harness.interleave({"single": single, "multi": multi}, rounds=args.rounds,
+                                 warmup=args.warmup)  # fmt: skip
+  n = last["multi"].collate(pad_id=0)["token_mask"].sum()
+  assert n == B * total, (n, B * total)
+  assert int(np.asarray(last["single"].lengths).sum()) == B * total
+  s_times, m_times = samples["single"], samples["multi"]
+  ratio = harness.ratio_summary(s_times, m_times)
+  metrics = last["multi"].metrics
   tps = lambda t: B * total / t
   print(f"B={B} turns={K} action_tokens={A} obs_tokens={n_obs} stream_tokens/row={total} "
         f"model D={args.hidden} L={args.layers} V={tok.vocab_size}")  # fmt: skip
@@ -103,13 +105,19 @@ def main():
         f"{tps(statistics.median(s_times)):.0f} tok/s")  # fmt: skip
   print(f"multi-turn rollout   : median {statistics.median(m_times):.3f} s  "
         f"{tps(statistics.median(m_times)):.0f} tok/s")  # fmt: skip
-  print(f"multi / single throughput: median {statistics.median(ratios):.2f} "
-        f"(range {min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
+  print(f"multi / single throughput: median {ratio['median']:.2f} "
+        f"(range {ratio['min']:.2f}-{ratio['max']:.2f})")  # fmt: skip
   print(
-    f"last multi-turn breakdown: decode {last['decode_s']:.3f} s, append {last['append_s']:.3f}"
-    f" s, env wait {last['env_wait_s']:.3f} s, env step {last['env_step_s']:.3f} s, "
-    f"cache slots {last['cache_slots']} (holes {last['holes']} of {last['cache_slots'] * B})"
+    f"last multi-turn breakdown: decode {metrics['decode_s']:.3f} s, append "
+    f"{metrics['append_s']:.3f} s, env wait {metrics['env_wait_s']:.3f} s, env step "
+    f"{metrics['env_step_s']:.3f} s, cache slots {metrics['cache_slots']} (holes "
+    f"{metrics['holes']} of {metrics['cache_slots'] * B})"
   )
+  if args.json_out:
+    harness.write_json(args.json_out, {
+      "settings": vars(args), "obs_tokens": n_obs, "stream_tokens_per_row": total,
+      "seconds": samples, "single_over_multi": ratio, "last_multi_metrics": metrics,
+    }, env)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Sampler vs trainer log-prob parity on SmolLM2-135M-Instruct (float32), each against float64.
 
-What docs/benchmarks.md ("Log-prob parity on SmolLM2") quotes. For a greedy and a temperature-1
-rollout (``--prompts`` chat prompts, one row each, ``--new-tokens`` tokens, no early stop):
+Table: docs/benchmarks.md, "Log-prob parity on SmolLM2: sampler vs trainer, each vs float64
+(`tools/bench_parity.py`)".
+
+For a greedy and a temperature-1 rollout (``--prompts`` chat prompts, one row each,
+``--new-tokens`` tokens, no early stop):
 
   * decode vs full: |sampler model_logp - trainer recomputed logp| per token (max, mean);
   * each vs float64: the same against ``rlvr_jax.model.reference`` (independent NumPy float64);
@@ -12,7 +15,8 @@ rollout (``--prompts`` chat prompts, one row each, ``--new-tokens`` tokens, no e
     product that are bitwise equal to the same rows of a 512-row product (XLA:CPU picks its dot
     kernel by shape), and each one's max error vs float64.
 
-Usage (2-core CPU shared with other jobs; the numbers are errors, not timings):
+Usage (2-core CPU shared with other jobs; the numbers are errors, not timings; ``--json-out PATH``
+writes the environment record and both tables' numbers):
   .venv/bin/python tools/bench_parity.py --prompts 8 --new-tokens 64     # ~4 min of CPU
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -37,6 +42,9 @@ from rlvr_jax.model.reference import token_logprobs_f64  # noqa: E402
 from rlvr_jax.sampling import Greedy, Temperature, generate, recompute_logprobs  # noqa: E402
 from rlvr_jax.sampling.parity import completion_hidden  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 PROMPTS = [
   "What is 12 + 7? Answer with a number.",
   "Name the capital of France.",
@@ -49,8 +57,13 @@ PROMPTS = [
 ]
 
 
-def _stats(err: np.ndarray) -> str:
-  return f"{np.max(err):.1e} / {np.mean(err):.1e}"
+def _stats(err: np.ndarray) -> list[float]:
+  """[max, mean] of an error array."""
+  return [float(np.max(err)), float(np.mean(err))]
+
+
+def _text(stats: list[float]) -> str:
+  return f"{stats[0]:.1e} / {stats[1]:.1e}"
 
 
 def _head_f64(hidden: np.ndarray, unembed: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -60,7 +73,9 @@ def _head_f64(hidden: np.ndarray, unembed: np.ndarray, tokens: np.ndarray) -> np
   return np.take_along_axis(z, tokens[..., None], axis=-1)[..., 0] - lse
 
 
-def parity_rows(params, config, tokenizer, num_prompts: int, new_tokens: int) -> list[str]:
+def parity_rows(params, config, tokenizer, num_prompts: int, new_tokens: int) -> list[dict]:
+  """One row per rollout (greedy, temperature 1): each comparison's [max, mean] error; printed as
+  the first table's rows."""
   chats = [[{"role": "user", "content": p}] for p in (PROMPTS * 4)[:num_prompts]]
   tokens, mask = tokenizer.encode_batch(tokenizer.apply_chat_template(chats))
   unembed = unembed_matrix(params, config)
@@ -106,18 +121,25 @@ def parity_rows(params, config, tokenizer, num_prompts: int, new_tokens: int) ->
     )
     head_trainer = np.asarray(head_trainer, np.float64)
     head_truth = _head_f64(np.asarray(hidden), unembed64, completions)
-    name = type(strategy).__name__
-    rows.append(
-      f"| {name} | {sampler.size} | {_stats(np.abs(sampler - trainer))} | "
-      f"{_stats(np.abs(sampler - truth))} | {_stats(np.abs(trainer - truth))} | "
-      f"{_stats(np.abs(head_sampler - head_trainer))} | "
-      f"{_stats(np.abs(head_sampler - head_truth))} | {_stats(np.abs(head_trainer - head_truth))} |"
-    )
-    print(rows[-1], flush=True)
+    row = {
+      "rollout": type(strategy).__name__,
+      "tokens": int(sampler.size),
+      "decode_vs_full": _stats(np.abs(sampler - trainer)),
+      "decode_vs_f64": _stats(np.abs(sampler - truth)),
+      "full_vs_f64": _stats(np.abs(trainer - truth)),
+      "head_sampler_vs_trainer": _stats(np.abs(head_sampler - head_trainer)),
+      "head_sampler_vs_f64": _stats(np.abs(head_sampler - head_truth)),
+      "head_trainer_vs_f64": _stats(np.abs(head_trainer - head_truth)),
+    }
+    rows.append(row)
+    cells = [row["rollout"], row["tokens"]] + [_text(v) for v in list(row.values())[2:]]
+    print(harness.table_row(cells), flush=True)
   return rows
 
 
-def kernel_rows(config, seed: int = 0) -> list[str]:
+def kernel_rows(config, seed: int = 0) -> list[dict]:
+  """One row per matmul shape: the share of bitwise-equal outputs per M, and the errors vs
+  float64 of the 512-row and the 1-row products; printed as the second table's rows."""
   rng = np.random.default_rng(seed)
   D, F, NH = config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim
   matmul = jax.jit(lambda x, w: x @ w)
@@ -127,14 +149,16 @@ def kernel_rows(config, seed: int = 0) -> list[str]:
     x = jnp.asarray(rng.standard_normal((512, k)), jnp.float32)
     full = np.asarray(matmul(x, w))
     truth = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-    cells = []
+    equal = {}
     for m in (1, 4, 8, 32, 48, 64):
       part = np.asarray(matmul(x[:m], w))
-      cells.append(f"{np.mean(part == full[:m]):.2f}")
+      equal[m] = float(np.mean(part == full[:m]))
     one = np.concatenate([np.asarray(matmul(x[i : i + 1], w)) for i in range(16)])
-    errors = f"{np.abs(full - truth).max():.1e} / {np.abs(one - truth[:16]).max():.1e}"
-    rows.append(f"| [M, {k}] x [{k}, {n}] | " + " | ".join(cells) + f" | {errors} |")
-    print(rows[-1], flush=True)
+    errors = [float(np.abs(full - truth).max()), float(np.abs(one - truth[:16]).max())]
+    rows.append({"product": f"[M, {k}] x [{k}, {n}]", "bitwise_equal_share": equal,
+                 "max_error_vs_f64_512_rows_1_row": errors})  # fmt: skip
+    cells = [f"{v:.2f}" for v in equal.values()] + [f"{errors[0]:.1e} / {errors[1]:.1e}"]
+    print(harness.table_row([rows[-1]["product"], *cells]), flush=True)
   return rows
 
 
@@ -142,18 +166,24 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--prompts", type=int, default=8)
   parser.add_argument("--new-tokens", type=int, default=64)
+  harness.add_common_args(parser)
   args = parser.parse_args()
+  env = harness.environment()
+  print(harness.header(env))
   params, config, tokenizer = load_smollm2()
   print(
     "| rollout | tokens | decode vs full (max / mean) | decode vs f64 | full vs f64 | head only: "
     "sampler vs trainer | sampler head vs f64 | trainer head vs f64 |\n|---|---|---|---|---|---|---|---|"
   )
-  parity_rows(params, config, tokenizer, args.prompts, args.new_tokens)
+  parity = parity_rows(params, config, tokenizer, args.prompts, args.new_tokens)
   print(
     "\n| product | M=1 | M=4 | M=8 | M=32 | M=48 | M=64 | max error vs f64: 512 rows / 1 row |\n"
     "|---|---|---|---|---|---|---|---|"
   )
-  kernel_rows(config)
+  kernels = kernel_rows(config)
+  if args.json_out:
+    harness.write_json(args.json_out, {"settings": vars(args), "parity": parity,
+                                       "kernels": kernels}, env)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,25 +1,30 @@
 """Benchmark the reward runtime: rewards/s for math completions and for short programs.
 
+Table: docs/benchmarks.md, "Rewards runtime throughput (`tools/bench_rewards.py`)".
+
   .venv/bin/python tools/bench_rewards.py                      # 1,024 math, 256 programs x 5 tests
   .venv/bin/python tools/bench_rewards.py --workers 1 2 --code_format stdio
 
 Math completions mix answer forms (integers, fractions, LaTeX that needs math-verify, wrong and
 missing answers). Programs are short functions with 5 assert tests (one sandbox process per
 program), or 5 stdin/stdout tests (one sandbox process per test) with ``--code_format stdio``.
-Each configuration is timed after a warm-up batch, so worker start-up and imports are excluded.
+Each configuration is timed after a warm-up batch (32 items), so worker start-up and imports are
+excluded; the best of ``--repeats`` calls (``harness.time_calls``). ``--json-out PATH``: the
+environment record and the rows as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
 
 from rlvr_jax import rewards  # noqa: E402
 
@@ -69,12 +74,11 @@ def bench(runtime, reward, completions, fields, repeats: int) -> tuple[float, di
   runtime.run(
     reward, ["q"] * min(n, 32), completions[:32], **{k: v[:32] for k, v in fields.items()}
   )
-  best, result = float("inf"), None
-  for _ in range(repeats):
-    start = time.perf_counter()
-    result = runtime.run(reward, ["q"] * n, completions, **fields)
-    best = min(best, time.perf_counter() - start)
-  return n / best, result.metrics
+  timing = harness.time_calls(
+    lambda: runtime.run(reward, ["q"] * n, completions, **fields), warmup=0, repeats=repeats,
+    block=False, keep_last=True,
+  )  # fmt: skip
+  return n / timing.min, timing.last.metrics
 
 
 def main() -> None:
@@ -84,19 +88,19 @@ def main() -> None:
   parser.add_argument("--num_programs", type=int, default=256)
   parser.add_argument("--code_format", choices=["asserts", "stdio"], default="asserts")
   parser.add_argument("--repeats", type=int, default=2)
+  harness.add_common_args(parser)
   args = parser.parse_args()
 
   math_completions, math_fields = math_batch(args.num_math)
   code_completions, code_fields = code_batch(args.num_programs, args.code_format)
   limits = rewards.SandboxLimits(timeout_s=5.0, cpu_s=5)
   caps = rewards.sandbox_capabilities()
-  print(
-    f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()}-core "
-    f"{platform.machine()} CPU, python {platform.python_version()}"
-  )
+  env = harness.environment(devices="none")
+  print(harness.header(env))
   print(f"# sandbox: strong={caps['strong']}, missing protections {list(caps['missing'])}")
   print("| workload | workers | rewards/s | accuracy / pass rate | failures |")
   print("|---|---|---|---|---|")
+  rows = []
   for workers in args.workers:
     with rewards.RewardRuntime(num_workers=workers, timeout_s=30.0) as runtime:
       rate, metrics = bench(
@@ -107,6 +111,7 @@ def main() -> None:
         f"{metrics['reward/accuracy']:.3f} | {metrics['reward/fail_frac']:.3f} |",
         flush=True,
       )
+      rows.append({"workload": "math", "workers": workers, "rewards_per_s": rate, **metrics})
       rate, metrics = bench(
         runtime,
         rewards.CodeReward(limits=limits, allow_weak_sandbox=not caps["strong"]),
@@ -119,6 +124,9 @@ def main() -> None:
         f"{rate:.1f} | {metrics['reward/mean']:.3f} | {metrics['reward/fail_frac']:.3f} |",
         flush=True,
       )
+      rows.append({"workload": "code", "workers": workers, "rewards_per_s": rate, **metrics})
+  if args.json_out:
+    harness.write_json(args.json_out, {"settings": vars(args), "sandbox": caps, "rows": rows}, env)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """Decode throughput of ``rlvr_jax.sampling.generate`` vs ``transformers`` ``generate``, side by side.
 
+Table: docs/benchmarks.md, "Sampling throughput: `rlvr_jax.sampling.generate` vs `transformers`
+`generate` (`tools/bench_sampling.py`)" (and the decode table of "One RL step end to end",
+through tools/bench_trl.py).
+
 Same weights (ours exported with ``export_hf`` and loaded by transformers), same prompts, greedy,
 no early stop (every row generates exactly ``--new-tokens`` tokens). For each model and batch size:
 
@@ -14,8 +18,9 @@ no early stop (every row generates exactly ``--new-tokens`` tokens). For each mo
     trips); and, for contrast, the per-step time of a host-driven Python loop over ``decode_step``.
   * ours step ms: wall time of the compiled executable alone / new tokens.
   * ``--rounds R``: after the best-of measurement, R - 1 more rounds time one call of each
-    contender back to back; the table then shows median tokens/s and the median (range) of the
-    per-round ratios, robust to this VM's drifting speed.
+    contender back to back (``harness.interleave``); the table then shows median tokens/s and the
+    median (range) of the per-round ratios, robust to this VM's drifting speed.
+  * ``--json-out PATH``: the environment record and the rows (``harness.write_json``).
 
 Usage (2-core CPU shared with other jobs: record ``uptime`` with the results):
   .venv/bin/python tools/bench_sampling.py --models tiny,smollm2 --batch-sizes 1,8,32,64 \
@@ -27,11 +32,9 @@ Usage (2-core CPU shared with other jobs: record ``uptime`` with the results):
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
+import sys
 import tempfile
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -50,6 +53,9 @@ from rlvr_jax.model import (  # noqa: E402
 )
 from rlvr_jax.sampling import Greedy, decode_step, generate, pad_to_bucket, prefill  # noqa: E402
 from rlvr_jax.sampling import sampler as sampler_lib  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 PROMPT_TEXTS = [
   "What is 12 + 7? Answer with a number.",
@@ -86,19 +92,9 @@ def load_model(name: str, dtype: str = "float32"):
 
 def best_time(fn, *, budget_s: float = 2.0, max_repeats: int = 5) -> tuple[float, object]:
   """(minimum wall time, last output) of ``fn()`` over repeats (repeats while under ``budget_s`` in
-  total): on a shared machine the minimum is the least disturbed run."""
-  times = []
-  while len(times) < max_repeats and sum(times) < budget_s:
-    start = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - start)
-  return min(times), out
-
-
-def _timed(fn) -> float:
-  start = time.perf_counter()
-  fn()
-  return time.perf_counter() - start
+  total; the caller warmed it up): on a shared machine the minimum is the least disturbed run."""
+  t = harness.time_calls(fn, warmup=0, repeats=max_repeats, budget_s=budget_s, keep_last=True)
+  return t.min, t.last
 
 
 def interleaved_rounds(contenders: dict, first_walls: dict, rounds: int) -> dict:
@@ -106,18 +102,13 @@ def interleaved_rounds(contenders: dict, first_walls: dict, rounds: int) -> dict
   measurement), each later round times one call of every contender back to back, so that a ratio
   is taken between calls minutes apart at most (this VM's speed drifts by up to ~30% over tens of
   minutes, for both frameworks alike)."""
-  walls = {k: [first_walls[k]] for k in contenders}
-  for _ in range(rounds - 1):
-    for k, timed in contenders.items():
-      walls[k].append(timed())
-  return walls
+  later = harness.interleave(contenders, rounds=rounds - 1, warmup=0)
+  return {k: [first_walls[k], *later[k]] for k in contenders}
 
 
-def ratio_text(walls: dict, other: str) -> str:
-  """Median of the per-round ratios other / ours of wall times, with their range over rounds."""
-  r = np.asarray(walls[other]) / np.asarray(walls["ours"])
-  spread = f" ({r.min():.2f}-{r.max():.2f})" if len(r) > 1 else ""
-  return f"{np.median(r):.2f}x{spread}"
+def ratio(walls: dict, other: str) -> dict:
+  """The per-round ratios other / ours of wall times, with their range (``harness``)."""
+  return harness.ratio_summary(walls[other], walls["ours"])
 
 
 def batch_prompts(ids, mask, batch):
@@ -138,9 +129,10 @@ def bench_ours(params, config, ids, mask, new_tokens):
   key = jax.random.key(0)  # the caller's (a trainer derives one per step), not generate's cost
 
   def run():
-    start = time.perf_counter()
-    out = generate(params, ids, mask, key=key, stop_tokens=(), **kw)
-    dispatch.append(time.perf_counter() - start)
+    seconds, out = harness.timed(
+      lambda: generate(params, ids, mask, key=key, stop_tokens=(), **kw), block=False
+    )
+    dispatch.append(seconds)
     return jax.block_until_ready(out)
 
   wall, rollout = best_time(run)
@@ -169,18 +161,21 @@ def bench_ours(params, config, ids, mask, new_tokens):
   )
   # once, as generate does before its decode loop (and the compute-dtype copy with it)
   per_layer = unstack_layers(compute_params(params, config), config)
-  tok = jnp.argmax(logits, -1).astype(jnp.int32)
-  logits, cache = decode_step(per_layer, cache, tok, positions, config=config)  # compile
-  jax.block_until_ready(logits)
-  start = time.perf_counter()
-  for t in range(1, steps):
-    tok = jnp.argmax(logits, -1).astype(jnp.int32)
-    logits, cache = decode_step(per_layer, cache, tok, positions + t, config=config)
-  jax.block_until_ready(logits)
-  py_step = (time.perf_counter() - start) / (steps - 1)
+  loop = {"logits": logits, "cache": cache}
+
+  def decode(first: int, last: int):
+    for t in range(first, last):
+      tok = jnp.argmax(loop["logits"], -1).astype(jnp.int32)
+      loop["logits"], loop["cache"] = decode_step(
+        per_layer, loop["cache"], tok, positions + t, config=config
+      )
+    return loop["logits"]
+
+  harness.timed(lambda: decode(0, 1))  # compiles
+  py_step = harness.timed(lambda: decode(1, steps))[0] / (steps - 1)
   return {
     "wall": wall,
-    "timed": lambda: _timed(run),
+    "call": run,
     "host_frac": min(dispatch) / wall,
     "host_ms": 1e3 * min(dispatch),
     "step_ms": 1e3 * device_wall / new_tokens,
@@ -219,11 +214,11 @@ def bench_hf(model, ids, mask, new_tokens, pad, *, static: bool):
     wall, out = best_time(call)
   assert out.shape[1] - ids.shape[1] == new_tokens
 
-  def timed():
+  def again():
     with torch.no_grad():
-      return _timed(call)
+      return call()
 
-  return {"wall": wall, "timed": timed}
+  return {"wall": wall, "call": again}
 
 
 def hf_model(params, config, dtype: str = "float32"):
@@ -247,12 +242,11 @@ def main():
   )
   parser.add_argument("--torch-threads", type=int, default=os.cpu_count() or 1)
   parser.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
-  parser.add_argument(
-    "--rounds",
-    type=int,
-    default=1,
-    help="rounds of back-to-back calls (ours, hf dynamic, hf compiled); > 1 reports medians and "
-    "the median of the per-round ratios, with their range",
+  harness.add_common_args(
+    parser,
+    rounds=1,
+    rounds_help="rounds of back-to-back calls (ours, hf dynamic, hf compiled); > 1 reports "
+    "medians and the median of the per-round ratios, with their range",
   )
   parser.add_argument(
     "--dtype",
@@ -261,17 +255,15 @@ def main():
     help="parameter dtype of ours (bfloat16: pure bfloat16); transformers computes in ours' "
     "compute dtype (bfloat16 when this or --compute-dtype is)",
   )
-  parser.add_argument("--json-out", default="", help="also write the rows as JSON here")
   args = parser.parse_args()
   import torch
 
   torch.set_num_threads(args.torch_threads)
+  env = harness.environment(packages=("torch", "transformers"))
   print(
-    f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()}-core CPU; "
-    f"jax {jax.__version__}, torch {torch.__version__} ({args.torch_threads} threads), "
-    f"params {args.dtype}, compute {args.compute_dtype}"
-  )
-  print("# load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    harness.header(env, f"torch {torch.__version__} ({args.torch_threads} threads), "
+                   f"params {args.dtype}, compute {args.compute_dtype}")
+  )  # fmt: skip
   print(
     "| model | batch | ours tok/s | hf dynamic tok/s | hf static+compile tok/s | ours / dynamic "
     "| ours / compiled | host overhead (ms per call) | ours step ms | python-loop step ms |"
@@ -299,7 +291,7 @@ def main():
           compiled_model = None
       runs = {"ours": ours, "dyn": dyn} | ({"comp": comp} if comp else {})
       walls = interleaved_rounds(
-        {k: r["timed"] for k, r in runs.items()},
+        {k: r["call"] for k, r in runs.items()},
         {k: r["wall"] for k, r in runs.items()},
         args.rounds,
       )
@@ -307,12 +299,13 @@ def main():
 
       comp_s, ratio_c = "skipped", "-"
       if comp:
-        comp_s, ratio_c = f"{tok_s['comp']:.0f}", ratio_text(walls, "comp")
+        comp_s, ratio_c = f"{tok_s['comp']:.0f}", harness.ratio_text(ratio(walls, "comp"))
       elif compiled_error:
         comp_s = f"failed ({compiled_error})"
       print(
         f"| {name} | {batch} | {tok_s['ours']:.0f} | {tok_s['dyn']:.0f} | {comp_s} | "
-        f"{ratio_text(walls, 'dyn')} | {ratio_c} | {100 * ours['host_frac']:.2f}% ({ours['host_ms']:.1f}) | "
+        f"{harness.ratio_text(ratio(walls, 'dyn'))} | {ratio_c} | "
+        f"{100 * ours['host_frac']:.2f}% ({ours['host_ms']:.1f}) | "
         f"{ours['step_ms']:.2f} | {ours['py_step_ms']:.2f} |",
         flush=True,
       )
@@ -324,16 +317,13 @@ def main():
           "new_tokens": args.new_tokens,
           "walls_s": {k: [float(x) for x in w] for k, w in walls.items()},
           "tokens_per_s": tok_s,
-          "ratio_dynamic_over_ours": [
-            float(x) for x in np.asarray(walls["dyn"]) / np.asarray(walls["ours"])
-          ],
+          "ratio_dynamic_over_ours": ratio(walls, "dyn")["ratios"],
           "ours_step_ms": ours["step_ms"],
         }
       )
   if args.json_out:
-    with open(args.json_out, "w") as f:
-      json.dump(rows, f, indent=2)
-  print("# load after:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    harness.write_json(args.json_out, {"settings": vars(args), "rows": rows}, env)
+  print(f"# load after: {harness.load_text()}")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,29 @@
 """Benchmark the trainer: per-phase step times, and the update's achieved FLOP/s vs matmul peak.
 
+Table: docs/benchmarks.md, "Trainer: time per phase and the update's achieved FLOP/s
+(`tools/bench_train.py`)" (and ``update_flops`` is the FLOP count of "One RL step end to end",
+tools/bench_trl_report.py).
+
   .venv/bin/python tools/bench_train.py                # all parts
   .venv/bin/python tools/bench_train.py --skip_loop    # only the update FLOP/s part
   .venv/bin/python tools/bench_train.py --compute_dtype=bfloat16   # mixed precision throughout
 
-1. Matmul peak: the best of several [n, n] @ [n, n] products (2 n^3 FLOPs each) in the compute
+1. Matmul peak (``harness.matmul_peak``): the best of several [n, n] @ [n, n] products (2 n^3
+   FLOPs each) in the compute
    dtype (``--compute_dtype``: float32, or bfloat16 operands with float32 accumulation, as the
    mixed-precision model computes; ``model.compute_dtype``, float32 master weights).
 2. The jitted train step (forward + backward + AdamW, GRPO objective) on random rollout batches of
    a few model sizes: FLOPs counted analytically (``update_flops``: matmuls of every layer on
    every token, attention scores and values, the unembedding on completion tokens only, backward
-   = 2 x forward), time = median of repeated calls after compilation. XLA's own cost analysis is
+   = 2 x forward), time = median of repeated calls after compilation and one warm-up call
+   (``harness.time_calls``). XLA's own cost analysis is
    printed too, but on CPU it counts a loop body (the scan over layers, the chunked log-prob loop)
    once, so it undercounts.
 3. Per-phase times of real RL steps of the default experiment (sample / reward / update), read
    from a short run of ``experiments/default.py`` without the warm start.
+
+It prints one JSON object (stdout holds nothing else); ``--json-out PATH`` writes it with the
+environment record.
 """
 
 from __future__ import annotations
@@ -23,8 +32,8 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,19 +44,8 @@ from rlvr_jax import model
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.state import TrainBatch, init_state
 
-
-def matmul_peak(n: int = 1024, repeats: int = 10, dtype="float32") -> float:
-  """Best FLOP/s of a jitted [n, n] @ [n, n] product in ``dtype`` (2 n^3 FLOPs per call; float32
-  accumulation)."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-  f = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32))
-  f(a).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    f(a).block_until_ready()
-    best = min(best, time.perf_counter() - t0)
-  return 2 * n**3 / best
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 def update_flops(cfg, *, rows: int, seq_len: int, completion_len: int, prompt_group: int = 1):
@@ -100,15 +98,13 @@ def bench_update(cfg, *, rows: int, prompt_len: int, completion_len: int, repeat
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list | tuple) else cost
   flops = float(cost.get("flops", 0.0))
-  state, m = step(state, *args)
-  jax.block_until_ready(m)
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    state, m = step(state, *args)
-    jax.block_until_ready(m)
-    times.append(time.perf_counter() - t0)
-  t = statistics.median(times)
+  holder = [state]
+
+  def call():
+    holder[0], metrics = step(holder[0], *args)
+    return metrics
+
+  t = harness.time_calls(call, warmup=1, repeats=repeats).median
   analytic = update_flops(cfg, rows=rows, seq_len=prompt_len + completion_len,
                           completion_len=completion_len)  # fmt: skip
   return {
@@ -154,14 +150,17 @@ def run_default_steps(steps: int, compute_dtype: str = "float32") -> dict:
 
 
 def main():
-  parser = argparse.ArgumentParser()
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--skip_loop", action="store_true")
   parser.add_argument("--loop_steps", type=int, default=12)
   parser.add_argument("--compute_dtype", default="float32", choices=("float32", "bfloat16"))
+  harness.add_common_args(parser)
   args = parser.parse_args()
+  env = harness.environment(packages=("optax",))
   dt = args.compute_dtype
   out = {"load_avg": os.getloadavg(), "devices": str(jax.devices()[0]), "compute_dtype": dt}
-  out["matmul_peak_flops_per_s"] = max(matmul_peak(1024, dtype=dt), matmul_peak(2048, 3, dtype=dt))
+  out["matmul_peak_flops_per_s"] = max(harness.matmul_peak(1024, dtype=dt),
+                                       harness.matmul_peak(2048, 3, dtype=dt))  # fmt: skip
   sizes = {
     "default tiny (D64 L2, B256 S13)": (
       model.ModelConfig.tiny(vocab_size=17, hidden_size=64, intermediate_size=256, num_layers=2,
@@ -178,6 +177,8 @@ def main():
     out["default RL step phases (median s)"] = run_default_steps(args.loop_steps, dt)
   out["load_avg_after"] = os.getloadavg()
   print(json.dumps(out, indent=2))
+  if args.json_out:
+    harness.write_json(args.json_out, out, env)
 
 
 if __name__ == "__main__":

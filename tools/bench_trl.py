@@ -1,5 +1,8 @@
 """End-to-end RL step, side by side: TRL's GRPOTrainer vs rlvr_jax's Trainer on SmolLM2-135M-Instruct.
 
+Table: docs/benchmarks.md, "One RL step end to end: rlvr_jax vs TRL's GRPOTrainer
+(`tools/bench_trl.py`)" (rendered by tools/bench_trl_report.py).
+
 One spec (``Spec``) builds both sides' settings (``ours_config`` and ``trl_kwargs``), and
 ``compare`` reads them back and lists every setting the two share, so a mismatch is visible
 (``mismatches`` is empty by construction; tests/test_bench_trl.py checks it):
@@ -35,24 +38,28 @@ gives itself (``--malloc keep``; torch's CPU allocator takes its blocks from the
 none`` no tunables. ``--trl-malloc`` gives TRL's worker another setting than ours (``same``,
 the default; ``none``: TRL as its users launch it, with no tunables).
 
-Each side runs in its own long-lived worker process (tools/bench_trl_workers.py) that waits on
-a pipe between steps, so only one side computes at a time. Per precision: W warm-up steps each
-(compilation; not counted), then R interleaved rounds (ours, TRL, ours, TRL, ...); the table
-shows per-phase medians (generation / reward / update / rest) and the median and range over
-rounds of the per-round ratio TRL / ours. After the rounds each worker measures its matmul peak
-in its precision (the best of large square products: ``jnp.dot`` in ours, ``torch.matmul`` in
-TRL's), and the update's achieved FLOP/s is model FLOPs (tools/bench_train.py
-``update_flops``: forward + backward = 3 x forward, matmuls of every layer on every processed
-token, full attention, unembedding on completion tokens; a shared prompt counted once, as it
-runs; recomputation from checkpointing is not counted) / update time. Then decode tokens/s of
-our sampler vs transformers ``generate`` (greedy, no early stop, batch P*G, T new tokens) in each
-precision, by tools/bench_sampling.py.
+Each side runs in its own long-lived worker process (tools/bench_trl_workers.py; a
+``harness.Worker``) that waits on a pipe between steps, so only one side computes at a time. Per
+precision: W warm-up steps each (compilation; not counted), then R interleaved rounds (ours, TRL,
+ours, TRL, ...); the table shows per-phase medians (generation / reward / update / rest) and the
+median and range over rounds of the per-round ratio TRL / ours. After the rounds each worker
+measures its matmul peak in its precision (the best of large square products: ``jnp.dot`` in ours,
+``torch.matmul`` in TRL's), and the update's achieved FLOP/s is model FLOPs (tools/bench_train.py
+``update_flops``: forward + backward = 3 x forward, matmuls of every layer on every processed token,
+full attention, unembedding on completion tokens; a shared prompt counted once, as it runs;
+recomputation from checkpointing is not counted) / update time. Then decode tokens/s of our sampler
+vs transformers ``generate`` (greedy, no early stop, batch P*G, T new tokens) in each precision, by
+tools/bench_sampling.py.
 
 Precisions: float32; bfloat16 where supported. TRL bfloat16 = ``bf16=True`` (torch autocast,
 float32 master weights and optimizer state, transformers' standard mixed precision); ours =
 ``model.compute_dtype=bfloat16`` when the config has that field (else the bf16 rows say so).
 
   HF_HUB_OFFLINE=1 .venv/bin/python tools/bench_trl.py --out-dir /tmp/bench_trl
+
+The results (``harness.write_json``: the environment record, the settings, every step's phases,
+the summaries) go to OUT_DIR/bench_trl.json, and to ``--json-out PATH`` as well when given; the
+tables to OUT_DIR/bench_trl.md and stdout.
 """
 
 from __future__ import annotations
@@ -70,6 +77,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+
 EXPERIMENT = os.path.join(ROOT, "experiments", "smollm2_arithmetic.py")
 # TRL loss_type -> the rlvr_jax loss_agg_mode that computes the same number (docs/name_mapping.md).
 TRL_LOSS_AGG = {
@@ -308,47 +318,29 @@ def worker_env(spec: Spec, side: str = "ours") -> dict:
   return env
 
 
-class Worker:
+class Worker(harness.Worker):
   """One side's worker process, driven one command at a time over its stdin / stdout."""
 
   def __init__(self, side: str, spec: Spec, folder: str, steps: int):
     self.side = side
-    self.log_path = os.path.join(folder, f"{side}_{spec.dtype}.log")
     cmd = [sys.executable, os.path.join(HERE, "bench_trl_workers.py"), side]
     cmd += [json.dumps(dataclasses.asdict(spec)), folder, str(steps)]
-    self.log = open(self.log_path, "w")
-    self.proc = subprocess.Popen(
-      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-      env=worker_env(spec, side),
-    )  # fmt: skip
-    self.ready = self._read()
+    super().__init__(cmd, log_path=os.path.join(folder, f"{side}_{spec.dtype}.log"),
+                     env=worker_env(spec, side))  # fmt: skip
+    try:
+      self.ready = self.read()
+    except Exception:
+      self.close()
+      raise
 
-  def _read(self) -> dict:
-    line = self.proc.stdout.readline()
-    if not line:
-      self.proc.wait()
-      with open(self.log_path) as f:
-        tail = "".join(f.readlines()[-30:])
-      raise RuntimeError(f"{self.side} worker exited ({self.proc.returncode}):\n{tail}")
-    reply = json.loads(line)
+  def read(self) -> dict:
+    try:
+      reply = super().read()
+    except harness.WorkerExited as e:
+      raise RuntimeError(f"{self.side} worker exited ({e.returncode}):\n{e.log_tail}") from None
     if "unsupported" in reply:
       raise Unsupported(reply["unsupported"])
     return reply
-
-  def ask(self, command: str) -> dict:
-    self.proc.stdin.write(command + "\n")
-    self.proc.stdin.flush()
-    return self._read()
-
-  def close(self):
-    if self.proc.poll() is None:
-      try:
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.flush()
-      except BrokenPipeError:
-        pass
-      self.proc.wait(timeout=120)
-    self.log.close()
 
 
 def run_precision(spec: Spec, folder: str, *, warmup: int, rounds: int) -> dict:
@@ -394,26 +386,18 @@ def decode_bench(spec: Spec, folder: str, rounds: int) -> dict:
   proc = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(spec))
   if proc.returncode != 0:
     return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
-  with open(path) as f:
-    return json.load(f)[0]
-
-
-def versions() -> str:
-  from importlib.metadata import version
-
-  names = ("jax", "jaxlib", "torch", "transformers", "trl", "accelerate")
-  return ", ".join(f"{n} {version(n)}" for n in names)
+  return harness.read_json(path)["rows"][0]
 
 
 def main():
-  sys.path.insert(0, HERE)
   import bench_trl_report as report_lib
 
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out-dir", default="")
   parser.add_argument("--dtypes", default="float32,bfloat16")
-  parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side (compiles)")
-  parser.add_argument("--rounds", type=int, default=3, help="interleaved measured steps per side")
+  harness.add_common_args(parser, rounds=3, warmup=1,
+                          rounds_help="interleaved measured steps per side",
+                          warmup_help="untimed steps per side (compiles)")  # fmt: skip
   parser.add_argument("--decode-rounds", type=int, default=3, help="0: skip the decode part")
   from rlvr_jax import host_memory
 
@@ -431,11 +415,9 @@ def main():
   os.makedirs(folder, exist_ok=True)
   spec = Spec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Spec)
                  if f.name not in ("dtype", "prompt_width")})  # fmt: skip
-  load = lambda: " ".join(f"{x:.2f}" for x in os.getloadavg())
+  env = harness.environment(packages=("torch", "transformers", "trl", "accelerate"))
+  print(harness.header(env), flush=True)
   report = {
-    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    "load_before": load(),
-    "versions": versions(),
     "warmup": args.warmup,
     "rounds": args.rounds,
     "precisions": {},
@@ -461,11 +443,12 @@ def main():
       report["precisions"][dtype] = {"skipped": str(e)}
     if args.decode_rounds:
       report["decode"][dtype] = decode_bench(s, folder, args.decode_rounds)
-  report["load_after"] = load()
+  report["load_after"] = harness.load_text()
   report["wall_s"] = time.perf_counter() - t0
-  with open(os.path.join(folder, "bench_trl.json"), "w") as f:
-    json.dump(report, f, indent=2, default=str)
-  text = report_lib.markdown(report)
+  doc = harness.write_json(os.path.join(folder, "bench_trl.json"), report, env)
+  if args.json_out:
+    harness.write_json(args.json_out, report, env)
+  text = report_lib.markdown(doc)
   with open(os.path.join(folder, "bench_trl.md"), "w") as f:
     f.write(text)
   print(text)

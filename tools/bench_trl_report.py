@@ -1,4 +1,9 @@
-"""Summary and tables of tools/bench_trl.py's measurements (per-phase medians, ratios, FLOP/s)."""
+"""Summary and tables of tools/bench_trl.py's measurements (per-phase medians, ratios, FLOP/s).
+
+Tables: docs/benchmarks.md, "One RL step end to end: rlvr_jax vs TRL's GRPOTrainer
+(`tools/bench_trl.py`)"; not run on its own (``markdown`` renders a bench_trl.json document:
+``HF_HUB_OFFLINE=1 .venv/bin/python tools/bench_trl.py --out-dir /tmp/bench_trl`` writes both).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,13 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
 
 
 def update_flops_of(shapes) -> float:
   """Model FLOPs of one update: ``bench_train.update_flops`` summed over its minibatches, each
   (rows, sequence length, completion length[, prompt group])."""
-  if HERE not in sys.path:
-    sys.path.insert(0, HERE)
   from bench_train import update_flops
 
   from rlvr_jax.model import ModelConfig
@@ -46,19 +51,22 @@ def summarise(result: dict) -> dict:
       np.mean([r["completion_tokens"] / r["rows"] for r in recs])
     )
     out[side] = med
-  ratios = {}
-  for k in ("step", "generation", "reward", "update"):
-    r = np.asarray([b[k] for b in m["trl"]]) / np.asarray([a[k] for a in m["ours"]])
-    ratios[k] = {"median": float(np.median(r)), "min": float(r.min()), "max": float(r.max())}
-  out["ratio_trl_over_ours"] = ratios
+  out["ratio_trl_over_ours"] = {
+    k: harness.ratio_summary([b[k] for b in m["trl"]], [a[k] for a in m["ours"]])
+    for k in ("step", "generation", "reward", "update")
+  }
   return out
 
 
 def markdown(report: dict) -> str:
-  s = report["settings"]
+  """The tables of a bench_trl.json document (``harness.document``: the environment record and
+  tools/bench_trl.py's results)."""
+  s, env = report["settings"], report["environment"]
+  versions = ", ".join(f"{k} {v}" for k, v in env["packages"].items() if k != "numpy")
+  load_before = " ".join(f"{x:.2f}" for x in env["machine"]["load_avg"])
   lines = [
-    f"# bench_trl {report['date']}; load before {report['load_before']}, after "
-    f"{report['load_after']}; {report['versions']}",
+    f"# bench_trl {env['date_utc']}; load before {load_before}, after "
+    f"{report['load_after']}; {versions}",
     f"P = {s['prompts_per_step']} prompts x G = {s['group_size']}, T = {s['max_new_tokens']} new "
     f"tokens, M = {s['num_microbatches']} micro-batches; warm-up {report['warmup']}, "
     f"{report['rounds']} rounds",
@@ -88,9 +96,9 @@ def markdown(report: dict) -> str:
     if "error" in d:
       lines.append(f"| {dtype} | | | failed: {d['error']} | | |")
       continue
-    r = np.asarray(d["ratio_dynamic_over_ours"])
+    r = harness.ratio_summary(d["walls_s"]["dyn"], d["walls_s"]["ours"])
     lines.append(
       f"| {dtype} | {d['batch']} | {d['new_tokens']} | {d['tokens_per_s']['ours']:.0f} | "
-      f"{d['tokens_per_s']['dyn']:.0f} | {np.median(r):.2f}x ({r.min():.2f}-{r.max():.2f}) |"
+      f"{d['tokens_per_s']['dyn']:.0f} | {harness.ratio_text(r)} |"
     )
   return "\n".join(lines) + "\n"

@@ -1,11 +1,15 @@
 """The two worker processes of tools/bench_trl.py: rlvr_jax's Trainer and TRL's GRPOTrainer.
 
+Table: docs/benchmarks.md, "One RL step end to end: rlvr_jax vs TRL's GRPOTrainer
+(`tools/bench_trl.py`)" (started by tools/bench_trl.py, not by hand).
+
   python tools/bench_trl_workers.py {ours|trl} SPEC_JSON FOLDER STEPS
 
-A worker builds its trainer, writes one JSON line ("ready"), then answers commands read from
-stdin, one JSON line each on the original stdout (everything else the libraries print goes to
-stderr): ``step`` (one RL step; its phase times), ``peak`` (matmul peak in the run's precision),
-``quit``. Between commands it blocks on the pipe, so it computes only when asked.
+A worker builds its trainer, writes one JSON line ("ready"), then answers commands read from stdin,
+one JSON line each on the original stdout (everything else the libraries print goes to stderr;
+``harness.Channel``): ``step`` (one RL step; its phase times), ``peak`` (matmul peak in the run's
+precision: ``harness.matmul_peak`` / ``harness.torch_matmul_peak``), ``quit``. Between commands it
+blocks on the pipe, so it computes only when asked.
 
 Phases per RL step:
   ours: ``Trainer.rl_step``'s own timings: time/sample (generation), time/reward (reward workers;
@@ -29,50 +33,19 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import harness  # noqa: E402
 from bench_trl import Spec, Unsupported, ours_config, prompt_digest, trl_kwargs  # noqa: E402
+from harness import Channel  # noqa: E402
 
-
-class Channel:
-  """The command pipe: stdin in, the original stdout out; fd 1 then points at stderr."""
-
-  def __init__(self):
-    self.out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-
-  def send(self, obj: dict):
-    self.out.write(json.dumps(obj) + "\n")
-    self.out.flush()
-
-  def serve(self, handlers: dict) -> str:
-    """Answers commands in ``handlers`` until one that is not (``step`` / ``quit``): returns it."""
-    while True:
-      line = sys.stdin.readline()
-      cmd = line.strip() or "quit"
-      if cmd not in handlers:
-        return cmd
-      self.send(handlers[cmd]())
+PEAK_SIZES = ((2048, 3), (3072, 2))  # (n, timed calls): the best of both
 
 
 def jax_peak(dtype: str) -> float:
-  import jax.numpy as jnp
-  from bench_train import matmul_peak
-
-  return max(matmul_peak(2048, repeats=3, dtype=getattr(jnp, dtype)),
-             matmul_peak(3072, repeats=2, dtype=getattr(jnp, dtype)))  # fmt: skip
+  return max(harness.matmul_peak(n, repeats=r, dtype=dtype) for n, r in PEAK_SIZES)
 
 
 def torch_peak(dtype: str) -> float:
-  import torch
-
-  best = 0.0
-  for n, repeats in ((2048, 3), (3072, 2)):
-    a = torch.randn(n, n).to(getattr(torch, dtype))
-    torch.matmul(a, a)
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      torch.matmul(a, a)
-      best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-  return best
+  return max(harness.torch_matmul_peak(n, repeats=r, dtype=dtype) for n, r in PEAK_SIZES)
 
 
 # -------------------------------------------------------------------------------------- ours

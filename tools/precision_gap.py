@@ -1,20 +1,24 @@
 """Sampler/trainer log-prob gap in float32 vs bfloat16-mixed precision, on an experiment's prompts.
 
-What docs/design.md ("Mixed precision") quotes, and how the default mismatch correction for
-bfloat16 runs was chosen. For each ``model.compute_dtype`` (float32, bfloat16) it samples one RL
-batch of the experiment (``rl.prompts_per_step`` train prompts x ``sampling.num_samples``, the
-experiment's temperature and token budget) from the same float32 master weights, recomputes the
-trainer's log-probs of those tokens with the same precision (the on-policy ``old_logp``) and
-reports over completion tokens the distribution of log rho = trainer logp - sampler logp:
-|log rho| mean / p50 / p90 / p99 / max, the share of tokens and of sequences that truncated IS
-(``token_truncate``, C = 2) and masked IS (``token_mask`` [0.5, 2], ``seq_mask``) would change,
-and the cross gap (bfloat16 sampler scored by a float32 trainer).
+Table: docs/benchmarks.md, "Sampler/trainer log-prob gap: float32 vs bfloat16
+(`tools/precision_gap.py`)" (docs/design.md, "Mixed precision", quotes it: how the default mismatch
+correction for bfloat16 runs was chosen).
+
+For each ``model.compute_dtype`` (float32, bfloat16) it samples one RL batch of the experiment
+(``rl.prompts_per_step`` train prompts x ``sampling.num_samples``, the experiment's temperature and
+token budget) from the same float32 master weights, recomputes the trainer's log-probs of those
+tokens with the same precision (the on-policy ``old_logp``) and reports over completion tokens the
+distribution of log rho = trainer logp - sampler logp: |log rho| mean / p50 / p90 / p99 / max, the
+share of tokens and of sequences that truncated IS (``token_truncate``, C = 2) and masked IS
+(``token_mask`` [0.5, 2], ``seq_mask``) would change, and the cross gap (bfloat16 sampler scored by
+a float32 trainer).
 
 Usage (on the 2-core CPU the numbers are gaps, not timings; SmolLM2 takes ~10 min of CPU):
   .venv/bin/python tools/precision_gap.py --config=smollm2_arithmetic
   .venv/bin/python tools/precision_gap.py --config=default --warm_start   # the tiny model, after
                                                                         # its warm start
-Extra ``--config.<field>=<value>`` arguments override the experiment's fields.
+Extra ``--config.<field>=<value>`` arguments override the experiment's fields. ``--json-out PATH``
+writes the environment record and the printed numbers as JSON.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from rlvr_jax import api, cli, sampling  # noqa: E402
 from rlvr_jax import data as data_lib  # noqa: E402
 from rlvr_jax.train import build, sft  # noqa: E402
 from rlvr_jax.train import step as step_lib  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 
 def gap_stats(trainer_logp, sampler_logp, mask) -> dict:
@@ -64,7 +71,9 @@ def main(argv):
   parser.add_argument("--config", default="smollm2_arithmetic")
   parser.add_argument("--warm_start", action="store_true", help="run the experiment's warm start")
   parser.add_argument("--seed", type=int, default=0, help="sampling key")
+  harness.add_common_args(parser)
   args, rest = parser.parse_known_args(argv)
+  env = harness.environment()
   overrides = {}
   for item in rest:  # --config.a.b=value
     key, _, value = item[len("--config.") :].partition("=")
@@ -116,6 +125,8 @@ def main(argv):
       print(key, json.dumps(out[key]), flush=True)
     out[f"sampler_{dt}/mean_length"] = float(jnp.mean(rollout.lengths))
   print(json.dumps(out, indent=1))
+  if args.json_out:
+    harness.write_json(args.json_out, out, env)
 
 
 if __name__ == "__main__":
