@@ -64,12 +64,41 @@ def update_memory(
     HF_CONFIGS[model_name], dtype="float32", compute_dtype=compute_dtype, remat=remat,
     attention=attention,
   )  # fmt: skip
-  optim = OptimizerSpec.from_config(config_lib.base_config().optim, decay_steps=1000)
-  params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
-  state = jax.eval_shape(lambda p: init_state(p, optim, jax.random.key(1)), params)
+  out = full_update_memory(cfg, rows, tokens, microbatch_tokens=microbatch_tokens)
+  return dict(model=model_name, **out)
+
+
+def num_microbatches_for(rows: int, tokens: int, microbatch_tokens: int) -> int:
+  """The fewest micro-batches of at most ``microbatch_tokens`` tokens that divide the rows."""
   num_microbatches = max(1, math.ceil(rows * tokens / microbatch_tokens))
   while rows % num_microbatches:
     num_microbatches += 1
+  return num_microbatches
+
+
+def analysis_bytes(compiled) -> dict:
+  """argument / output / alias / temporary bytes of a compiled program, and the peak bound
+  arguments + outputs - aliased + temporaries."""
+  analysis = compiled.memory_analysis()
+  out = dict(
+    argument_bytes=analysis.argument_size_in_bytes, output_bytes=analysis.output_size_in_bytes,
+    alias_bytes=analysis.alias_size_in_bytes, temp_bytes=analysis.temp_size_in_bytes,
+  )  # fmt: skip
+  out["peak_bytes"] = (
+    out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+  )
+  return out
+
+
+def full_update_memory(
+  cfg: model.ModelConfig, rows: int, tokens: int, *, microbatch_tokens: int = 32768
+) -> dict:
+  """``update_memory`` for any model config: the trainer's train step (full fine-tuning, the
+  params in ``cfg.dtype`` with AdamW moments of that dtype), lowered on abstract shapes."""
+  optim = OptimizerSpec.from_config(config_lib.base_config().optim, decay_steps=1000)
+  params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+  state = jax.eval_shape(lambda p: init_state(p, optim, jax.random.key(1)), params)
+  num_microbatches = num_microbatches_for(rows, tokens, microbatch_tokens)
   step = step_lib.make_train_step(
     model_config=cfg, optimizer=optim, objective="grpo", num_microbatches=num_microbatches,
     chunk_size=1024,
@@ -78,16 +107,12 @@ def update_memory(
   lowered = step.func.lower(
     state, abstract_batch(rows, tokens), 1.0, 1.0, jax.random.key(0), **step.keywords
   )
-  analysis = lowered.compile().memory_analysis()
+  compiled = lowered.compile()
   out = dict(
-    model=model_name, rows=rows, tokens=tokens, attention=attention,
-    num_microbatches=num_microbatches, compile_s=round(time.perf_counter() - t0, 1),
-    argument_bytes=analysis.argument_size_in_bytes, output_bytes=analysis.output_size_in_bytes,
-    alias_bytes=analysis.alias_size_in_bytes, temp_bytes=analysis.temp_size_in_bytes,
+    rows=rows, tokens=tokens, attention=cfg.attention, num_microbatches=num_microbatches,
+    compile_s=round(time.perf_counter() - t0, 1),
   )  # fmt: skip
-  out["peak_bytes"] = (
-    out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-  )
+  out.update(analysis_bytes(compiled))
   return out
 
 
