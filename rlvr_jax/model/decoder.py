@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.model import layers as L
+from rlvr_jax.model import lora
 from rlvr_jax.model.attention import segment_ids_from_positions, self_attention
 from rlvr_jax.model.cache import KVCache, grow_cache, kv_shapes, to_cache_layout
 from rlvr_jax.model.config import ModelConfig
@@ -169,12 +170,22 @@ def _differentiable(layer, config: ModelConfig):
   bfloat16 intermediates made a bfloat16 SmolLM2 update 2.1x slower than full remat
   (docs/benchmarks.md, session 13); keeping the float32 matmul outputs makes it at least as fast
   as full remat. Values and gradients are the same in every mode (tests/test_model.py).
+
+  LoRA hook: each layer's params first go through ``lora.merge_attached`` (a no-op, the same dict,
+  for plain params): adapters attached with ``lora.attach`` and int8 weights are merged and
+  dequantized one layer at a time, inside the scan (and, with remat, again in the backward pass),
+  so neither a merged copy of every layer nor its full-size cotangent is ever materialised.
   """
+  dtype = config.activation_dtype
+
+  def merged(x, lp):
+    return layer(x, lora.merge_attached(lp, dtype))
+
   if config.remat:
-    return jax.checkpoint(layer)
+    return jax.checkpoint(merged)
   if config.activation_dtype != "float32":
-    return jax.checkpoint(layer, policy=jax.checkpoint_policies.checkpoint_dots)
-  return layer
+    return jax.checkpoint(merged, policy=jax.checkpoint_policies.checkpoint_dots)
+  return merged
 
 
 def _run_layers(params, x, cos, sin, segments, config: ModelConfig, collect: bool, keep_kv=False):
@@ -256,6 +267,10 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
   cache) and attends over its whole buffer. Returns (x, new k tuple, new v tuple, inputs or None).
   """
   K = config.num_kv_heads
+  layers = params["layers"]
+  if lora.ATTACHED in (layers[0] if isinstance(layers, (tuple, list)) else layers):
+    # (The merge per decode step would redo it for every token: merge once, ``lora.merge``.)
+    raise ValueError("cached decoding of attached LoRA adapters: sample with lora.merge's tree")
   zero = jnp.zeros((), jnp.int32)
   index = cache.index
   # Materialised once: left to fusion, XLA:CPU recomputed the cos / sin of the positions inside

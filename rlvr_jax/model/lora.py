@@ -35,9 +35,10 @@ the adapters.
 Merged as a whole tree, a merged copy of every targeted weight (and, in the backward pass, its
 full-size cotangent) lives during the update. ``attach`` + ``merge_attached`` merge per layer
 instead: the adapters ride along in ``params["layers"]["lora"]``, the layer scan slices them with
-the weights, and a decoder that calls ``merge_attached`` at the top of its layer body merges (and
-dequantizes) one layer at a time. That decoder hook does not exist yet (``rlvr_jax.model.decoder``
-ignores the extra key: without the hook an attached tree runs the base model);
+the weights, and the decoder calls ``merge_attached`` at the top of its scanned layer body
+(``rlvr_jax.model.decoder._differentiable``: the training, scoring and prefill forwards), merging
+(and dequantizing) one layer at a time. The cached decode path refuses an attached tree (sample
+with ``merge``'s). The trainer's LoRA step uses it with ``ModelConfig.remat`` (``train.step``);
 ``tools/lora_memory.py --per-layer`` measures it. ``merge_layer`` is the merge of one layer's
 dicts.
 

@@ -24,6 +24,7 @@ from rlvr_jax.train import (
   auxiliary_loss,
   env_config,
   implicit_prm,
+  lora_training,
   methods,
   model_rewards,
   reward_config,
@@ -122,6 +123,9 @@ def base_config() -> ConfigDict:
       head_dim=16,
     )
   )
+  # LoRA (train/lora_training.py): rank 0 = full fine-tuning; rank > 0 trains adapters of the
+  # targeted projections only, the base frozen (int8 with int8_base).
+  c.lora = lora_training.lora_section()
   c.tokenizer = ConfigDict(dict(kind="char", alphabet="0123456789+-*="))
   c.data = ConfigDict(
     dict(
@@ -391,6 +395,7 @@ def validate(c) -> None:
   model_rewards.validate_model_reward(c, _field_error)
   auxiliary_loss.validate_auxiliary_loss(c, _field_error)
   std_filter_lib.validate_std_filter(c, _field_error)
+  lora_training.validate_lora(c, _field_error)
   try:  # an unknown rl.advantage is reported below, with the choices
     reads_prm = "prm_token_rewards" in methods.estimator(c.rl.advantage).reads
   except ValueError:

@@ -37,6 +37,11 @@ FIELD_HELP: dict[str, str] = {
   "model.num_heads": "tiny model: query heads N",
   "model.num_kv_heads": "tiny model: key/value heads K (grouped-query attention)",
   "model.head_dim": "tiny model: width of one head H",
+  # LoRA (train/lora_training.py)
+  "lora.rank": "LoRA rank r: train rank-r adapters only, the base frozen (0 = full fine-tuning)",
+  "lora.alpha": "LoRA scale: the update is (alpha / r) A @ B (0 = 2 x rank)",
+  "lora.targets": "projections given adapters, comma-separated of q,k,v,o,gate,up,down",
+  "lora.int8_base": "store the frozen base's projections as int8 (per output channel)",
   # tokenizer
   "tokenizer.kind": "'char' (one token per character, tiny models) or the model's own tokenizer",
   "tokenizer.alphabet": "characters of the 'char' tokenizer (plus its special tokens)",
@@ -142,7 +147,7 @@ FIELD_HELP: dict[str, str] = {
   "logging.tensorboard": "write TensorBoard events to workdir/tb",
   "logging.progress": "show the progress bar",
   "logging.plot": "write workdir/curves.png at the end",
-  "compilation.cache_dir": "JAX's persistent compilation cache: 'auto' ($RLVR_JAX_CACHE_DIR or "
+  "compilation.cache_dir": "JAX's compilation cache: 'auto' ($RLVR_JAX_CACHE_DIR or "
   "~/.cache/rlvr_jax/xla), a folder, or 'off'",
   # env (multi-turn episodes, train.multiturn)
   "env.id": "multi-turn env: gem:<id>, package.module:Name or a built-in ('' = single-turn)",

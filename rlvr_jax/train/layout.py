@@ -3,8 +3,9 @@
 ``train.loop.Trainer`` and ``train.rollout.Collector`` take a ``Layout`` and call only its public
 methods, at these points of the host loop:
 
-  Trainer.__init__    ``setup(state, ...)`` once, then ``place_state``, ``wrap_train_step``,
-                      ``shard_source`` (the train prompt stream); ``is_primary`` (who logs)
+  Trainer.__init__    ``setup(state, ...)`` once, then ``place_state``, ``place_base`` (the
+                      frozen base of a LoRA run), ``wrap_train_step``, ``shard_source`` (the
+                      train prompt stream); ``is_primary`` (who logs)
   every jitted call   runs inside ``context()``
   restore / warm start ``place_state`` on the restored or warm-started state
   rollout             ``sampling_params`` (params -> sampling layout), ``gather_prompts`` (this
@@ -52,16 +53,24 @@ class Layout:
     """Context manager the trainer runs every jitted call under (e.g. ``jax.set_mesh``)."""
     return contextlib.nullcontext()
 
-  def setup(self, state, *, model_config, optimizer) -> None:
-    """Called once with the freshly initialised (host) state, before any other placement hook."""
-    del state, model_config, optimizer
+  def setup(self, state, *, model_config, optimizer, lora=None, base=None) -> None:
+    """Called once with the freshly initialised (host) state, before any other placement hook.
+    A LoRA run passes its ``lora.LoraConfig`` (``state.params`` are then the adapters) and its
+    frozen ``base`` params (possibly int8: ``lora.quantize_int8``)."""
+    del state, model_config, optimizer, lora, base
 
   def place_state(self, state):
     """The train state in the training layout."""
     return state
 
+  def place_base(self, base):
+    """The frozen base params of a LoRA run in the training layout (an input of every train
+    step, never donated)."""
+    return base
+
   def wrap_train_step(self, train_step):
-    """The jitted ``train_step(state, batch, num_tokens, num_seqs, key)`` to call."""
+    """The jitted ``train_step(state, batch, num_tokens, num_seqs, key, **kwargs)`` to call
+    (``base=`` in a LoRA run)."""
     return train_step
 
   @property

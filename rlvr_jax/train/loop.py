@@ -14,6 +14,13 @@ Trainer: it places the state, the minibatches and the sampler's params, shards t
 over processes, and gathers prompts, rollouts and rewards; ``train.sharded.MeshTrainer`` is the
 Trainer with a ``MeshLayout``.
 
+LoRA (``config.lora.rank > 0``, ``train.lora_training``): ``state.params`` holds the adapters only
+and the frozen base (``self.base``) goes to every train step as a non-donated argument; the
+sampler and the scoring passes read the merged policy, computed once per RL step
+(``policy_params``); the reference policy is the base itself; checkpoints hold the adapters and
+their optimiser state (the base is rebuilt from the config); a complete run from a Hugging Face
+model writes ``workdir/peft_adapter``.
+
 Exact resume: every source of randomness is a deterministic function of (seed, step, data position), the
 data position and advantage-estimator state are in the checkpoint with the params, optimiser state
 and run key, so ``N/2 steps, kill, resume, N/2 steps`` repeats an uninterrupted ``N`` steps.
@@ -41,6 +48,7 @@ from rlvr_jax.train import (
   build,
   evaluate,
   implicit_prm,
+  lora_training,
   methods,
   multiturn,
   optimizer,
@@ -113,6 +121,18 @@ class Trainer:
     self.auxiliary = aux_step.get("auxiliary")
     num = sum(int(np.size(x)) for x in jax.tree.leaves(params))
     log(f"model ready: {num / 1e6:.2f} M parameters ({time.perf_counter() - t0:.1f} s)")
+    # LoRA: the state trains adapters of a frozen base (train.lora_training); None: full weights.
+    self.lora = lora_training.lora_config(c)
+    self.base = self.merge_fn = None
+    if self.lora is not None:
+      self.base = lora_training.build_base(params, c)
+      params = lora_training.init_adapters(self.base, self.lora, c.seed)  # the trained "params"
+      self.merge_fn = lora_training.make_merge_fn(self.lora, self.model_config.activation_dtype)
+      log(
+        f"LoRA r={self.lora.rank} alpha={self.lora.alpha:g} on {','.join(self.lora.targets)}: "
+        f"{lora_training.count(params) / 1e6:.3f} M trained parameters"
+        + (" (int8 base)" if c.lora.int8_base else "")
+      )
     source, self.heldout = data_lib.build_sources(c.data)
     self.source = self.layout.shard_source(source)  # this process's share of every batch
     if self.multiturn:  # rewards come from the environments: no reward worker pool
@@ -154,6 +174,7 @@ class Trainer:
       chunk_size=r.logprob_chunk,
       on_policy=self.updates_per_step == 1,
       fused_loss=config_lib.FUSED_LOSS[r.fused_loss],
+      lora=self.lora,
       **aux_step,
     )
     self.plain_train_step = step_lib.make_train_step(**step_kwargs)
@@ -177,7 +198,9 @@ class Trainer:
     if estimator.stateful:
       extra["estimator"] = estimator.init_state(config_lib.advantage_kwargs(c))
     extra.update(std_filter.init_std_filter_extra(c))
-    if r.use_reference or c.implicit_prm.enabled:  # the PRM's token reward is relative to π_ref
+    # The reference policy (the PRM's token reward is relative to π_ref too); with LoRA it is the
+    # base itself (``reference_params``), no copy.
+    if (r.use_reference or c.implicit_prm.enabled) and self.lora is None:
       # A copy: the train step donates the state, and an alias of ``params`` inside it would be
       # donated twice (INVALID_ARGUMENT at the first update).
       extra["ref_params"] = jax.tree.map(jnp.copy, params)
@@ -193,8 +216,13 @@ class Trainer:
         chunk_size=r.logprob_chunk,
       )
     self.state = init_state(params, self.optimizer, jax.random.key(c.seed), extra)
-    self.layout.setup(self.state, model_config=self.model_config, optimizer=self.optimizer)
+    self.layout.setup(
+      self.state, model_config=self.model_config, optimizer=self.optimizer, lora=self.lora,
+      base=self.base,
+    )  # fmt: skip
     self.state = self.layout.place_state(self.state)
+    if self.base is not None:
+      self.base = self.layout.place_base(self.base)
     self.plain_train_step = self.layout.wrap_train_step(self.plain_train_step)
     if self.shared_train_step is not None:
       self.shared_train_step = self.layout.wrap_train_step(self.shared_train_step)
@@ -237,6 +265,8 @@ class Trainer:
       self.source.restore(self.host_state["data"])
       self.log(f"resumed from step {step} ({self.checkpointer.directory})")
       return int(step)
+    if c.warm_start.num_steps > 0 and self.lora is not None:  # (config.validate refuses it)
+      raise ValueError("no warm start in a LoRA run")
     if c.warm_start.num_steps > 0 and self.multiturn:
       t0 = time.perf_counter()
       params, _ = self.collector.warm_start(self.state.params, log=self.log)
@@ -265,11 +295,37 @@ class Trainer:
     self.host_state["warm_start_done"] = True
     return 0
 
+  # ------------------------------------------------------------------ the policy
+  def policy_params(self):
+    """The params the sampler and the scoring passes read: ``state.params``, or in a LoRA run
+    the merge of the base and the adapters in the compute dtype (jitted; computed per call, so
+    once per RL step and per evaluation, and dropped by the caller after use)."""
+    if self.lora is None:
+      return self.state.params
+    with self.layout.context():
+      return self.merge_fn(self.base, self.state.params)
+
+  def reference_params(self):
+    """The reference policy of ``rl.use_reference`` (and the implicit PRM), or None: the copy
+    of the initial params in ``state.extra``; in a LoRA run the base itself, the policy with its
+    adapters off (an int8 base dequantized, per call)."""
+    if self.lora is None:
+      return self.state.extra.get("ref_params")
+    if not self.c.rl.use_reference:
+      return None
+    if lora_training.is_quantized_tree(self.base):
+      with self.layout.context():
+        return self.merge_fn(self.base, None)
+    return self.base
+
   # ------------------------------------------------------------------ one RL step
   def _train_step(self, state, tb, num_tokens, num_seqs, key):
     """The update on one minibatch: the shared-prompt step when ``rl_step`` found that its groups
-    share their prompts, else the plain one (both jitted, the state donated)."""
+    share their prompts, else the plain one (both jitted, the state donated; a LoRA step also
+    takes the frozen base)."""
     step = self.shared_train_step if self.share_next else self.plain_train_step
+    if self.lora is not None:
+      return step(state, tb, num_tokens, num_seqs, key, base=self.base)
     return step(state, tb, num_tokens, num_seqs, key)
 
   def _minibatch(self, batch: rollout.RolloutBatch, rows: np.ndarray):
@@ -325,9 +381,9 @@ class Trainer:
     adv_state = self.state.extra.get("estimator")
     prm = {"prm_params": self.state.extra["prm_params"]} if self.prm_step is not None else {}
     batch, adv_state = self.collector.collect(
-      self.state.params,
+      self.policy_params(),  # (a LoRA run's merged tree lives only during the collection)
       key=step_key,
-      ref_params=self.state.extra.get("ref_params"),
+      ref_params=self.reference_params(),
       need_old=self.updates_per_step > 1,
       adv_state=adv_state,
       **prm,
@@ -418,9 +474,9 @@ class Trainer:
     t0 = time.perf_counter()
     with self.layout.context():
       if self.multiturn:
-        out = self.collector.evaluate(self.state.params)
+        out = self.collector.evaluate(self.policy_params())
       else:
-        out = evaluate.evaluate(self.collector, self.state.params, self.heldout)
+        out = evaluate.evaluate(self.collector, self.policy_params(), self.heldout)
     out["eval/time_s"] = time.perf_counter() - t0
     return out
 
@@ -493,6 +549,8 @@ class Trainer:
       summary.update(eval_before=self.host_state["eval_before"], eval_after=after)
       self.log(_fmt("before RL", self.host_state["eval_before"]))
       self.log(_fmt("after RL ", after))
+    if self.lora is not None and stop == c.rl.num_steps and lora_training.exportable(c):
+      summary["peft_adapter"] = self.export_adapter()
     self.checkpointer.wait()
     writer.close()
     with open(os.path.join(c.workdir, "summary.json"), "w") as f:
@@ -506,8 +564,23 @@ class Trainer:
       summary["plot"] = path
     return summary
 
+  def export_adapter(self, path: str | None = None) -> str | None:
+    """A LoRA run's adapters as a PEFT folder (default ``workdir/peft_adapter``, written by the
+    primary process; collective with several processes); returns its path (None elsewhere).
+    ``lora_training.export_merged`` turns it into merged Hugging Face safetensors."""
+    if self.lora is None:
+      raise ValueError("export_adapter: not a LoRA run (config.lora.rank = 0)")
+    adapters = self.layout.gather_rollout(self.state.params)  # every tensor on this process
+    if not self.layout.is_primary:
+      return None
+    path = lora_training.export_adapter(adapters, self.model_config, self.c, path)
+    self.log(f"LoRA adapter (PEFT): {path}")
+    return path
+
   # What a run holds on the device and in compiled code: dropped by ``close``.
-  _RUN_HOLDINGS = ("state", "train_step", "plain_train_step", "shared_train_step", "prm_step")
+  _RUN_HOLDINGS = (
+    "state", "train_step", "plain_train_step", "shared_train_step", "prm_step", "base", "merge_fn",
+  )  # fmt: skip
 
   def close(self) -> None:
     """Ends the run: waits for the checkpoint writes, stops the worker processes, and gives back

@@ -36,6 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rlvr_jax import model as model_lib
 from rlvr_jax import sharding as sharding_lib
 from rlvr_jax.data.source import shard_span
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.train import loop
 from rlvr_jax.train.layout import Layout
 from rlvr_jax.train.state import TrainBatch, TrainState
@@ -56,12 +57,19 @@ def state_shardings(
   model_config,
   optimizer: optax.GradientTransformation,
   rules: sharding_lib.Rules = sharding_lib.TRAIN_RULES,
+  lora=None,
 ) -> TrainState:
   """A ``TrainState`` of ``NamedSharding``s: params (and ``extra['ref_params']``) by the logical
   axes of the model under ``rules``, every parameter-shaped part of the optimiser state (Adam
-  moments, ...) like its parameter (``optax.tree_map_params``), everything else replicated."""
+  moments, ...) like its parameter (``optax.tree_map_params``), everything else replicated.
+  ``lora`` (a ``lora.LoraConfig``): ``state.params`` are its adapters, placed by
+  ``lora.lora_shardings`` (A like the weight's input dims, B like its output dims, the rank
+  replicated)."""
   rep = replicated(mesh)
-  params = model_lib.param_shardings(model_config, mesh, rules)
+  if lora is not None:
+    params = lora_lib.lora_shardings(model_config, lora, mesh, rules)
+  else:
+    params = model_lib.param_shardings(model_config, mesh, rules)
   opt = optax.tree_map_params(
     optimizer,
     lambda _, sh: sh,
@@ -255,17 +263,32 @@ def process_sum(values: dict[str, float]) -> dict[str, float]:
   return {k: float(table[:, i].sum()) for i, k in enumerate(keys)}
 
 
+def base_shardings(base, model_config, mesh: Mesh, rules=sharding_lib.TRAIN_RULES):
+  """Shardings of a LoRA run's frozen base: the params' (``param_shardings``), or for an int8
+  base (``lora.quantize_int8``) the int8 values like their weight and the scales like the weight's
+  output dims (``lora.quantized_logical_axes``)."""
+  layers = base["layers"]
+  names = [n for n, w in layers.items() if lora_lib.is_quantized(w)]
+  if "lm_head" in base and lora_lib.is_quantized(base["lm_head"]):
+    names.append("lm_head")
+  if not names:
+    return model_lib.param_shardings(model_config, mesh, rules)
+  axes = lora_lib.quantized_logical_axes(model_config, names)
+  return sharding_lib.tree_shardings(axes, base, mesh, rules)
+
+
 def sharded_train_step(train_step, shardings: TrainState, mesh: Mesh):
-  """Wraps a jitted ``train_step(state, batch, num_tokens, num_seqs, key)`` (``train.step``) so
-  the returned state keeps the training layout (``out_shardings``; inputs keep their own), the
-  state stays donated, and the step is traced under ``jax.set_mesh(mesh)``."""
+  """Wraps a jitted ``train_step(state, batch, num_tokens, num_seqs, key, **kwargs)``
+  (``train.step``; ``base=`` of a LoRA step) so the returned state keeps the training layout
+  (``out_shardings``; inputs keep their own), the state stays donated (never the base), and the
+  step is traced under ``jax.set_mesh(mesh)``."""
   rep = replicated(mesh)
   step = jax.jit(train_step, donate_argnums=(0,), out_shardings=(shardings, rep))
 
   @functools.wraps(train_step)
-  def run(state, batch, num_tokens, num_seqs, key):
+  def run(state, batch, num_tokens, num_seqs, key, **kwargs):
     with jax.set_mesh(mesh):
-      return step(state, batch, num_tokens, num_seqs, key)
+      return step(state, batch, num_tokens, num_seqs, key, **kwargs)
 
   return run
 
@@ -333,17 +356,20 @@ class MeshLayout(Layout):
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
     self.state_shardings: TrainState | None = None
     self.sample_shardings = None
+    self.base_shardings = None
 
   def context(self):
     return jax.set_mesh(self.mesh)
 
-  def setup(self, state, *, model_config, optimizer) -> None:
+  def setup(self, state, *, model_config, optimizer, lora=None, base=None) -> None:
     self.state_shardings = state_shardings(
-      state, mesh=self.mesh, model_config=model_config, optimizer=optimizer
+      state, mesh=self.mesh, model_config=model_config, optimizer=optimizer, lora=lora
     )
     self.sample_shardings = model_lib.param_shardings(
       model_config, self.mesh, sharding_lib.SAMPLE_RULES
     )
+    if base is not None:
+      self.base_shardings = base_shardings(base, model_config, self.mesh)
 
   def _shardings(self) -> TrainState:
     if self.state_shardings is None:
@@ -357,6 +383,12 @@ class MeshLayout(Layout):
   def place_state(self, state):
     with jax.set_mesh(self.mesh):
       return place(state, self._shardings())
+
+  def place_base(self, base):
+    if self.base_shardings is None:
+      raise RuntimeError("MeshLayout.setup(state, ..., base=base) must be called first")
+    with jax.set_mesh(self.mesh):
+      return place(base, self.base_shardings)
 
   def wrap_train_step(self, train_step):
     return sharded_train_step(train_step, self._shardings(), self.mesh)

@@ -17,6 +17,14 @@ Metrics (plain float32 scalars): ``loss``, every objective metric, ``entropy/mea
 ``logp_gap/mean`` and ``logp_gap/max`` (|trainer logp - sampler logp| over completion tokens; only
 meaningful on the first update of a rollout batch, where params equal the sampler's),
 ``grad_norm`` (before clipping), ``param_norm``, ``update_norm``, ``skipped``.
+
+LoRA (``StepConfig.lora``, ``make_train_step(lora=...)``): ``state.params`` holds the adapters only
+(``rlvr_jax.model.lora``), so the optimiser state, the update and the norms are the adapters'; the
+frozen base params come as the step's ``base`` argument (not donated, never updated). The model
+runs on ``lora.merge(base, adapters)`` in the compute dtype: the gradients are those of
+``lora.adapter_loss`` (the base behind ``stop_gradient``), merged per layer inside the layer scan
+(``lora.attach`` and the decoder's hook) when the model config has ``remat``, else as a whole
+tree; the no-grad statistics pass runs on the whole merged tree.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import numpy as np
 import optax
 
 from rlvr_jax import logprobs, losses, model
+from rlvr_jax.model import lora as lora_lib
 from rlvr_jax.train import packing
 from rlvr_jax.train.optimizer import OptimizerSpec
 from rlvr_jax.train.state import TrainBatch, TrainState
@@ -194,6 +203,8 @@ class StepConfig:
       once per block (``completion_hidden``); 1: every row runs its own prompt.
     auxiliary: a ``losses.AuxiliarySpec`` added to the loss of every micro-batch, or None.
     auxiliary_kwargs: its keyword settings, as sorted (name, value) pairs.
+    lora: a ``model.lora.LoraConfig``: ``state.params`` are the adapters of the frozen base the
+      step takes as its ``base`` argument (module docstring); None: full fine-tuning.
   """
 
   model_config: Any
@@ -208,10 +219,21 @@ class StepConfig:
   prompt_group: int = 1
   auxiliary: Any = None
   auxiliary_kwargs: tuple = ()
+  lora: Any = None
 
   @property
   def hp(self) -> dict:
     return dict(self.objective_kwargs)
+
+
+def model_params(cfg: StepConfig, params, base=None):
+  """The params tree the model runs on: ``params`` itself, or with LoRA the merge of the base and
+  the adapters ``params`` in the compute dtype (``lora.merge``)."""
+  if cfg.lora is None:
+    return params
+  if base is None:
+    raise ValueError("a LoRA step (StepConfig.lora) needs the frozen base params (base=...)")
+  return lora_lib.merge(base, params, cfg.lora, cfg.model_config.activation_dtype)
 
 
 def init_extra(objective, objective_kwargs: dict | None = None) -> dict:
@@ -307,18 +329,32 @@ def micro_batch_loss(cfg: StepConfig, params, mb: TrainBatch, num_tokens, num_se
   return loss, metrics
 
 
-def accumulate_gradients(cfg: StepConfig, params, batch: TrainBatch, num_tokens, num_seqs, extra):
+def accumulate_gradients(
+  cfg: StepConfig, params, batch: TrainBatch, num_tokens, num_seqs, extra, base=None
+):
   """sum_m (L_m, metrics_m, g_m) over the M micro-batches (a scan after the first): each L_m is
-  normalised by the GLOBAL N_tok / N_seq, so the sums are the full-batch loss and gradient."""
-  grad_fn = jax.value_and_grad(micro_batch_loss, argnums=1, has_aux=True)
+  normalised by the GLOBAL N_tok / N_seq, so the sums are the full-batch loss and gradient.
+  With ``cfg.lora``, ``params`` are the adapters of ``base`` and g the adapters' gradient."""
+  if cfg.lora is None:
+    value_and_grad = jax.value_and_grad(micro_batch_loss, argnums=1, has_aux=True)
+    grad_fn = lambda mb: value_and_grad(cfg, params, mb, num_tokens, num_seqs, extra)
+  else:
+    if base is None:
+      raise ValueError("a LoRA step (StepConfig.lora) needs the frozen base params (base=...)")
+    loss_fn = lora_lib.adapter_loss(
+      lambda p, mb: micro_batch_loss(cfg, p, mb, num_tokens, num_seqs, extra), base, cfg.lora,
+      dtype=cfg.model_config.activation_dtype, attached=cfg.model_config.remat,
+    )  # fmt: skip
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = lambda mb: value_and_grad(params, mb)
   mbs = split_microbatches(batch, cfg.num_microbatches)
   first = jax.tree.map(lambda x: x[0], mbs)
-  (loss, metrics), grads = grad_fn(cfg, params, first, num_tokens, num_seqs, extra)
+  (loss, metrics), grads = grad_fn(first)
   if cfg.num_microbatches > 1:
 
     def body(carry, mb):
       loss_acc, metrics_acc, grads_acc = carry
-      (mb_loss, mt), g = grad_fn(cfg, params, mb, num_tokens, num_seqs, extra)
+      (mb_loss, mt), g = grad_fn(mb)
       grads_acc = jax.tree.map(jnp.add, grads_acc, g)
       return (loss_acc + mb_loss, losses.merge_metrics(metrics_acc, mt), grads_acc), None
 
@@ -371,17 +407,21 @@ def step_metrics(loss, metrics, *, params, finite, grad_norm, update_norm) -> di
   return out
 
 
-def _train_step(state: TrainState, batch: TrainBatch, num_tokens, num_seqs, key, *, cfg):
-  """One optimiser update (the module docstring), part by part."""
+def _train_step(state: TrainState, batch: TrainBatch, num_tokens, num_seqs, key, base=None, *, cfg):
+  """One optimiser update (the module docstring), part by part. ``base``: the frozen base params
+  of a LoRA step (``cfg.lora``), else None."""
   spec = cfg.objective
   num_tokens = jnp.asarray(num_tokens, jnp.float32)
   num_seqs = jnp.asarray(num_seqs, jnp.float32)
   batch = draw_noise(cfg, batch, key)
-  stats = statistics_pass(cfg, state.params, batch, num_tokens, num_seqs)
+  # (With LoRA and no statistics to compute, the unused merge is dead code to XLA.)
+  stats = statistics_pass(cfg, model_params(cfg, state.params, base), batch, num_tokens, num_seqs)
   extra = dict(stats)
   if spec.state is not None:  # the objective's state gives this step its keywords
     extra.update(spec.state.step_kwargs(state.extra["objective"], stats, cfg.hp))
-  loss, metrics, grads = accumulate_gradients(cfg, state.params, batch, num_tokens, num_seqs, extra)
+  loss, metrics, grads = accumulate_gradients(
+    cfg, state.params, batch, num_tokens, num_seqs, extra, base
+  )
   params, opt_state, finite, grad_norm, update_norm = apply_update(cfg, state, loss, grads)
   out = step_metrics(loss, metrics, params=state.params, finite=finite, grad_norm=grad_norm,
                      update_norm=update_norm)  # fmt: skip
@@ -426,10 +466,13 @@ def make_train_step(
   auxiliary=None,
   auxiliary_kwargs: dict | None = None,
   prompt_group: int = 1,
+  lora=None,
 ):
   """``train_step(state, batch, num_tokens, num_seqs, key) -> (state, metrics)``: the step jitted
   for its ``StepConfig`` (static), the state donated. The returned callable owns its executables:
-  one compile per input shapes while it lives, freed with it (``owned_jit``).
+  one compile per input shapes while it lives, freed with it (``owned_jit``). With ``lora`` it is
+  ``train_step(state, batch, num_tokens, num_seqs, key, base=base)``: ``state.params`` are the
+  adapters, ``base`` the frozen base (not donated).
 
   Args:
     model_config: the ``model.ModelConfig``.
@@ -446,6 +489,7 @@ def make_train_step(
     prompt_group: see ``StepConfig``; the caller checks ``shares_prompts`` on every batch it
       gives this step (rows of different prompts in one block would be trained on the wrong
       prompt).
+    lora: a ``model.lora.LoraConfig`` (train the adapters of a frozen base), or None.
   ``key`` is a typed PRNG key (the ``step_noise`` inputs are drawn from it). A stateful objective
   needs ``state.extra`` from ``init_extra(objective, objective_kwargs)``.
   """
@@ -465,7 +509,7 @@ def make_train_step(
     temperature=temperature, chunk_size=chunk_size, on_policy=on_policy,
     fused=token_local and fused_loss in (True, "auto"), prompt_group=prompt_group,
     auxiliary=losses.AUXILIARY_LOSSES[auxiliary] if isinstance(auxiliary, str) else auxiliary,
-    auxiliary_kwargs=tuple(sorted((auxiliary_kwargs or {}).items())),
+    auxiliary_kwargs=tuple(sorted((auxiliary_kwargs or {}).items())), lora=lora,
   )  # fmt: skip
   step = owned_jit(_train_step, static_argnames=("cfg",), donate_argnums=(0,))
   return functools.partial(step, cfg=cfg)
