@@ -37,11 +37,17 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
+from rlvr_jax import compilation  # noqa: E402
 
 # A test process must stay far from the kernel's limit on memory mappings (vm.max_map_count,
 # 65,530 by default), where XLA:CPU can no longer map a compiled program and the process dies.
-# Each executable XLA:CPU keeps is mapped in pieces, so a growing count means compiled programs
-# that are never given back (rlvr_jax.compilation). Checked after every test, in every worker.
+# Each executable XLA:CPU keeps is mapped in pieces. Runs and train steps give theirs back
+# (rlvr_jax.compilation); what stays is one program per function and static configuration of the
+# module-level jits (the sampler and forward per model shape) and of the tests' own jits, hundreds
+# of configurations over the suite. Like a notebook that sweeps model shapes, the test process
+# releases those (compilation.release) after a test module once it holds RELEASE_ABOVE mappings;
+# a test after which the process holds more than MAX_MAPPINGS (a single module's leak) fails.
+RELEASE_ABOVE = 12_000
 MAX_MAPPINGS = 30_000
 
 
@@ -54,11 +60,20 @@ def memory_mappings() -> int | None:
     return None
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  yield
+  count = memory_mappings()
+  if count is not None and count > RELEASE_ABOVE:
+    compilation.release()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
   result = yield
   count = memory_mappings()
   if count is not None and count > MAX_MAPPINGS:
+    compilation.release()  # one failure, not one for every later test of the process
     raise AssertionError(
       f"this test process holds {count} memory mappings after {item.nodeid} (limit "
       f"{MAX_MAPPINGS}): compiled programs are accumulating instead of being given back"

@@ -13,7 +13,8 @@ processes: many runs in one process".
   a module-level jit cache does (jax keeps what a function compiled as long as the function
   lives): the behaviour before the steps were owned by their callers.
 * ``runs``: one fresh process calls ``rlvr_jax.api.run`` ``--count`` times on tiny configurations
-  (objectives, seeds and learning rates in turn). ``--package DIR`` imports ``rlvr_jax`` from DIR
+  (objectives and seeds in turn, a new learning rate each: a sweep, no two runs share a step
+  program). ``--package DIR`` imports ``rlvr_jax`` from DIR
   (e.g. a ``git worktree`` of an older commit) to measure the code before a change.
 * Both print and record (``--json-out``) the process's memory mappings (``/proc/self/maps``,
   which the kernel limits to ``vm.max_map_count``, 65,530 by default) and RSS after each item.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import tempfile
@@ -98,8 +100,10 @@ def many_steps(count: int, keep: bool = False, log_every: int = 10) -> dict:
   return {"what": "steps", "keep": keep, "curve": curve, "seconds": time.perf_counter() - t0}
 
 
-def many_runs(count: int, workdir: str, package: str = "", log_every: int = 5) -> dict:
-  """``count`` tiny runs through ``rlvr_jax.api.run`` in this process (module docstring)."""
+def many_runs(count: int, workdir: str, package: str = "", log_every: int = 5,
+              trace: str = "") -> dict:  # fmt: skip
+  """``count`` tiny runs through ``rlvr_jax.api.run`` in this process (module docstring); each
+  point of the curve is also appended to ``trace`` (JSON lines), which outlives a crash."""
   if package:
     sys.path.insert(0, os.path.abspath(package))
   from rlvr_jax import api
@@ -111,13 +115,15 @@ def many_runs(count: int, workdir: str, package: str = "", log_every: int = 5) -
     c = config_lib.tiny_config(os.path.join(workdir, f"run_{i}"))
     c.objective.name = OBJECTIVES[i % len(OBJECTIVES)]
     c.seed = i % 3
-    c.optim.learning_rate = (1e-3, 3e-3)[(i // len(OBJECTIVES)) % 2]
+    c.optim.learning_rate = 1e-3 * (1 + i / count)  # a sweep: every run a new step program
     c.checkpoint.async_save = False
     api.run(c, log=lambda _: None)
     gc.collect()
     if (i + 1) % log_every == 0 or i + 1 == count:
       curve.append({"item": i + 1, **process_size()})
-      print(f"runs {i + 1}: {curve[-1]}", file=sys.stderr, flush=True)
+      if trace:
+        with open(trace, "a") as f:
+          f.write(json.dumps(curve[-1]) + "\n")
   return {"what": "runs", "package": package, "curve": curve, "seconds": time.perf_counter() - t0}
 
 
@@ -151,7 +157,7 @@ def first_step(cache_dir: str) -> dict:
 
 
 def _print_curve(result: dict) -> None:
-  rows = [(p["item"], p["maps"], f"{p['rss_mb']:.0f}") for p in result["curve"]]
+  rows = [(p["item"], p["maps"], f"{p['rss_mb']:.0f}") for p in result["curve"] if "maps" in p]
   print(harness.markdown_table([result["what"], "memory mappings", "RSS (MB)"], rows))
   print(f"({result['seconds']:.0f} s)")
 
@@ -172,8 +178,18 @@ def main(argv=None) -> None:
     _print_curve(result)
   elif args.what == "runs":
     with tempfile.TemporaryDirectory() as workdir:
-      kwargs = {"count": args.count, "workdir": workdir, "package": args.package}
-      result = harness.run_child(harness.Child(f"{tool}:many_runs", kwargs))
+      trace = os.path.join(workdir, "curve.jsonl")
+      kwargs = {"count": args.count, "workdir": workdir, "package": args.package, "trace": trace}
+      t0 = time.perf_counter()
+      try:
+        result = harness.run_child(harness.Child(f"{tool}:many_runs", kwargs))
+      except harness.ChildFailed as e:  # e.g. at the kernel's limit on memory mappings
+        with open(trace) as f:
+          curve = [{"item": 0}] + [json.loads(line) for line in f]
+        print(f"the process died after run {curve[-1]['item']}+ ({e.returncode}):\n"
+              f"{e.output[-600:]}")  # fmt: skip
+        result = {"what": "runs", "package": args.package, "curve": curve[1:], "died": True,
+                  "seconds": time.perf_counter() - t0, "returncode": e.returncode}  # fmt: skip
     _print_curve(result)
   else:
     result = {"off": [], "cold": [], "warm": []}

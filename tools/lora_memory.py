@@ -12,13 +12,17 @@ rows x tokens (the prompt one eighth of each row), bfloat16 compute, remat and b
          merges the adapters into the base in bfloat16 (``lora.merge``) inside the differentiated
          loss, and runs the trainer's own micro-batch loss (``train.step.micro_batch_loss``) on
          the merged tree; gradients are accumulated for the adapters only; the trainer's AdamW
-         (``OptimizerSpec.fused_apply``) updates them. The trainer's step cannot take adapters
-         yet, so this is the update it would run, built from ``train.step``'s public pieces.
+         (``OptimizerSpec.fused_apply``) updates them. The trainer's step takes adapters itself
+         (``train.step.make_train_step(lora=...)``, what a run with ``config.lora`` uses); this
+         tool lowers its own ``lora_update``, the same update built from ``train.step``'s public
+         pieces without the step's metrics, so that the whole-tree merge can be measured with
+         remat on (the trainer's step merges per layer when ``model.remat``).
 
   lora --per-layer   the same, but the adapters ride along in the params (``lora.attach``) and
-         each layer's weights are merged inside the decoder's layer scan (``lora.merge_attached``):
-         the decoder hook proposed for the trainer, emulated here for the measurement only by
-         wrapping ``rlvr_jax.model.decoder._differentiable`` (``decoder_hook``) while lowering.
+         each layer's weights are merged inside the decoder's layer scan (``lora.merge_attached``,
+         called by ``rlvr_jax.model.decoder._differentiable``): what the trainer's step runs with
+         remat. ``decoder_hook`` still wraps ``_differentiable`` while lowering; on the decoder
+         that has the hook, its second ``merge_attached`` gets merged layers and changes nothing.
 
 The peak bound is arguments + outputs - aliased (donated) + temporaries. XLA:CPU compiles what it
 would run on the CPU; on a GPU fusions and scheduling differ, so these are estimates.
@@ -57,9 +61,10 @@ GB = 1e9
 
 @contextlib.contextmanager
 def decoder_hook():
-  """Emulates the proposed decoder change while lowering: every scanned layer body first runs
-  ``lp = lora.merge_attached(lp, config.activation_dtype)`` (a no-op on params without attached
-  adapters or int8 weights). Restored on exit."""
+  """Makes every scanned layer body first run ``lp = lora.merge_attached(lp,
+  config.activation_dtype)`` while lowering (a no-op on params without attached adapters or int8
+  weights). The decoder now does this itself, so the wrapper merges nothing more. Restored on
+  exit."""
   from rlvr_jax.model import decoder
 
   original = decoder._differentiable
