@@ -272,10 +272,11 @@ def test_trainer_in_mixed_precision_applies_the_bf16_default_correction(tmp_path
     m = trainer.rl_step(0)
     assert trainer.model_config.mixed_precision
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trainer.state.params))
+    step_config = trainer.plain_train_step.keywords["cfg"]  # (a closed trainer holds no step)
   finally:
     trainer.close()
-  assert trainer.plain_train_step.keywords["cfg"].objective_kwargs is not None
-  kwargs = dict(trainer.plain_train_step.keywords["cfg"].objective_kwargs)
+  assert step_config.objective_kwargs is not None
+  kwargs = dict(step_config.objective_kwargs)
   assert kwargs["mismatch"] == config_lib.BF16_MISMATCH["mismatch"]
   assert kwargs["mismatch_high"] == config_lib.BF16_MISMATCH["mismatch_high"]
   assert 0 <= m["logp_gap/mean"] < 1e-3
