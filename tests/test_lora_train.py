@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_mesh_training import _batch as mesh_batch
 
 from rlvr_jax import model
 from rlvr_jax import sharding as S
@@ -23,14 +24,13 @@ from rlvr_jax.train import build, lora_training, sharded
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.loop import Trainer
-from rlvr_jax.train.state import TrainBatch, init_state
+from rlvr_jax.train.state import init_state
 
 LCFG = lora.LoraConfig(rank=4, alpha=8.0)
 CFG = model.ModelConfig.tiny(
   vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
   head_dim=8,
 )  # fmt: skip
-B, S_P, T = 8, 4, 5
 
 
 def _quiet(_):
@@ -54,20 +54,7 @@ def _host(tree):
 
 
 def _batch(seed, cfg=CFG):
-  rng = np.random.default_rng(seed)
-  prompt = rng.integers(3, cfg.vocab_size, (B, S_P)).astype(np.int32)
-  pmask = np.ones((B, S_P), bool)
-  pmask[::2, 0] = False
-  comp = rng.integers(3, cfg.vocab_size, (B, T)).astype(np.int32)
-  cmask = np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]
-  adv = rng.normal(size=(B, 1)).astype(np.float32) * cmask
-  tokens, positions = step_lib.sequence_inputs(prompt, pmask, jnp.asarray(comp))
-  old = rng.normal(size=(B, T)).astype(np.float32) * 0.1 - 2.0
-  tb = TrainBatch(
-    tokens=np.asarray(tokens), positions=np.asarray(positions), completion_mask=cmask,
-    advantages=adv, old_logp=old, sampler_logp=old, ref_logp=None, extras={},
-  )  # fmt: skip
-  return tb, float(cmask.sum()), float((cmask.sum(-1) > 0).sum())
+  return mesh_batch(seed, cfg)
 
 
 def _optimizer():

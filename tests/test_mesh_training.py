@@ -30,12 +30,14 @@ CFG = model.ModelConfig.tiny(
 B, S_P, T = 8, 4, 5
 
 
-def _batch(seed):
+def _batch(seed, cfg=CFG):
+  """A [B, S_P + T] minibatch of random tokens under ``cfg``'s vocabulary, with its N_tok, N_seq
+  (also the LoRA step tests')."""
   rng = np.random.default_rng(seed)
-  prompt = rng.integers(3, CFG.vocab_size, (B, S_P)).astype(np.int32)
+  prompt = rng.integers(3, cfg.vocab_size, (B, S_P)).astype(np.int32)
   pmask = np.ones((B, S_P), bool)
   pmask[::2, 0] = False
-  comp = rng.integers(3, CFG.vocab_size, (B, T)).astype(np.int32)
+  comp = rng.integers(3, cfg.vocab_size, (B, T)).astype(np.int32)
   cmask = np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]
   adv = rng.normal(size=(B, 1)).astype(np.float32) * cmask
   tokens, positions = step_lib.sequence_inputs(prompt, pmask, jnp.asarray(comp))

@@ -231,9 +231,13 @@ def model_params(cfg: StepConfig, params, base=None):
   the adapters ``params`` in the compute dtype (``lora.merge``)."""
   if cfg.lora is None:
     return params
+  return lora_lib.merge(_frozen_base(base), params, cfg.lora, cfg.model_config.activation_dtype)
+
+
+def _frozen_base(base):
   if base is None:
     raise ValueError("a LoRA step (StepConfig.lora) needs the frozen base params (base=...)")
-  return lora_lib.merge(base, params, cfg.lora, cfg.model_config.activation_dtype)
+  return base
 
 
 def init_extra(objective, objective_kwargs: dict | None = None) -> dict:
@@ -339,11 +343,9 @@ def accumulate_gradients(
     value_and_grad = jax.value_and_grad(micro_batch_loss, argnums=1, has_aux=True)
     grad_fn = lambda mb: value_and_grad(cfg, params, mb, num_tokens, num_seqs, extra)
   else:
-    if base is None:
-      raise ValueError("a LoRA step (StepConfig.lora) needs the frozen base params (base=...)")
     loss_fn = lora_lib.adapter_loss(
-      lambda p, mb: micro_batch_loss(cfg, p, mb, num_tokens, num_seqs, extra), base, cfg.lora,
-      dtype=cfg.model_config.activation_dtype, attached=cfg.model_config.remat,
+      lambda p, mb: micro_batch_loss(cfg, p, mb, num_tokens, num_seqs, extra), _frozen_base(base),
+      cfg.lora, dtype=cfg.model_config.activation_dtype, attached=cfg.model_config.remat,
     )  # fmt: skip
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
     grad_fn = lambda mb: value_and_grad(params, mb)
