@@ -3,7 +3,8 @@
 Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
-  KVCache, init_cache, grow_cache, forward, forward_into_new_cache, forward_shared_prompt, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
+  KVCache, init_cache, grow_cache, SlotCache, init_slot_cache, grow_slot_cache, decode_slots,
+  forward, forward_into_new_cache, forward_shared_prompt, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
   unstack_layers, with_unembed, layer_params, compute_params (the bfloat16 copy of mixed precision),
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
@@ -13,13 +14,17 @@ Loading, export and the tokenizer import ``transformers`` / ``safetensors`` / ``
 
 from rlvr_jax.model.cache import (
   KVCache,
+  SlotCache,
   cache_logical_axes,
   cache_shardings,
   grow_cache,
+  grow_slot_cache,
   init_cache,
+  init_slot_cache,
 )
 from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
 from rlvr_jax.model.decoder import (
+  decode_slots,
   forward,
   forward_into_new_cache,
   forward_shared_prompt,
@@ -65,6 +70,7 @@ def __getattr__(name):
 __all__ = [
   "KVCache",
   "ModelConfig",
+  "SlotCache",
   "ParamSpec",
   "UnsupportedModelError",
   "abstract_params",
@@ -73,13 +79,16 @@ __all__ = [
   "check_params",
   "compute_params",
   "count_params",
+  "decode_slots",
   "forward",
   "forward_into_new_cache",
   "forward_shared_prompt",
   "grow_cache",
+  "grow_slot_cache",
   "hidden_states_per_layer",
   "init_cache",
   "init_params",
+  "init_slot_cache",
   "layer_params",
   "logical_axes",
   "logits_from_hidden",

@@ -49,6 +49,53 @@ class KVCache:
     return self.positions.shape[0]
 
 
+@pytree_dataclass
+class SlotCache:
+  """The completion keys / values of the continuous sampler's decode slots, one buffer per layer.
+
+  Unlike ``KVCache`` each slot (row) has its own fill: a slot holds the completion of whichever
+  (prompt, sample) it is decoding, written at column t - 1 when token t is sampled, and its
+  prompt's keys / values live once per prompt in a ``KVCache`` (the prompt cache) that every slot
+  of that prompt reads (``decoder.decode_slots``).
+
+  Attributes:
+    k, v: tuples of L arrays [N, K, T_c, H] (the ``KVCache`` layout, N slots, T_c columns).
+    positions: [N, T_c] int32 position of the token in each column; -1 = empty (a refilled slot
+      has its row reset to -1, so its previous occupant's keys are never read).
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  positions: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.positions.shape[1]
+
+
+def init_slot_cache(config: ModelConfig, num_slots: int, max_len: int, dtype) -> SlotCache:
+  """Empty slots: zeros, every position -1."""
+  shape, _ = kv_shapes(config, num_slots, max_len)
+  return SlotCache(
+    k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+    v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+    positions=jnp.full((num_slots, max_len), -1, jnp.int32),
+  )
+
+
+def grow_slot_cache(cache: SlotCache, max_len: int) -> SlotCache:
+  """``cache`` with ``max_len`` columns (the new ones empty); one copy of every buffer."""
+  pad = max_len - cache.max_len
+  if pad < 0:
+    raise ValueError(f"cannot shrink a slot cache of length {cache.max_len} to {max_len}")
+  widths = ((0, 0), (0, 0), (0, pad), (0, 0))
+  return SlotCache(
+    k=tuple(jnp.pad(k, widths) for k in cache.k),
+    v=tuple(jnp.pad(v, widths) for v in cache.v),
+    positions=jnp.pad(cache.positions, ((0, 0), (0, pad)), constant_values=-1),
+  )
+
+
 def kv_shapes(config: ModelConfig, batch_size: int, max_len: int) -> tuple[tuple, tuple]:
   """Shapes of one layer's key and value buffers: both [B, K, S_max, H]."""
   B, K, H = batch_size, config.num_kv_heads, config.head_dim

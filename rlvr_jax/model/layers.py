@@ -211,6 +211,49 @@ def cached_attention(
   return out.reshape(B, S, N, H).astype(q.dtype)
 
 
+def prompt_and_slot_attention(
+  q: jax.Array,
+  kp: jax.Array,
+  vp: jax.Array,
+  mask_p: jax.Array,
+  kc: jax.Array,
+  vc: jax.Array,
+  mask_c: jax.Array,
+  *,
+  num_kv_heads: int,
+) -> jax.Array:
+  """One decode query per row over two key sets: its prompt's and its own completion's.
+
+  o = softmax([q Kp^T, q Kc^T] / sqrt(H) masked) [Vp; Vc]: the softmax runs over the
+  concatenated scores (one normaliser, as if the two sets were one buffer), and the product with
+  the values is the sum of the two parts' products.
+
+  Args:
+    q: [N, N_h, H] one query per row; kp, vp: [N, K, S_p, H] the row's prompt keys / values;
+      kc, vc: [N, K, T_c, H] its completion keys / values (``KVCache`` layout).
+    mask_p: [N, S_p], mask_c: [N, T_c] bool, True where the row may attend.
+  Returns:
+    [N, N_h, H] in the dtype of ``q``.
+  """
+  N, Nh, H = q.shape
+  K = num_kv_heads
+  if kp.shape[:2] != (N, K) or kc.shape[:2] != (N, K) or kp.shape[3] != H or kc.shape[3] != H:
+    raise ValueError(
+      f"prompt_and_slot_attention: q {q.shape}, prompt k {kp.shape}, completion k {kc.shape} "
+      f"(both expected [N, K={K}, *, H])"
+    )
+  Sp = kp.shape[2]
+  qg = q.reshape(N, K, Nh // K, H)
+  sp = jnp.einsum("nkgh,nksh->nkgs", qg, kp, preferred_element_type=jnp.float32)
+  sc = jnp.einsum("nkgh,nkth->nkgt", qg, kc, preferred_element_type=jnp.float32)
+  mask = jnp.concatenate([mask_p, mask_c], axis=1)[:, None, None, :]
+  scores = jnp.concatenate([sp, sc], axis=-1) * (1.0 / math.sqrt(H))
+  probs = _masked_softmax(scores, mask).astype(vp.dtype)
+  out = jnp.einsum("nkgs,nksh->nkgh", probs[..., :Sp], vp, preferred_element_type=jnp.float32)
+  out = out + jnp.einsum("nkgt,nkth->nkgh", probs[..., Sp:], vc, preferred_element_type=jnp.float32)
+  return out.reshape(N, Nh, H).astype(q.dtype)
+
+
 def swiglu_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
   """SwiGLU MLP (arXiv 2002.05202): (silu(x W_gate) * x W_up) W_down.
 

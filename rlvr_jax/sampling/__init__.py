@@ -4,10 +4,12 @@ Public API:
   Greedy, Temperature, TopK, TopP, MinP, Combined, Strategy, truncated_token_logprobs
   per_row_log_probs, temperature_scale (per-row temperatures; 0 = greedy row)
   prefill, decode_step, generate, row_temperatures, pad_to_bucket, bucket_length, DEFAULT_BUCKETS
+  continuous (continuous.generate: decode slots refilled from a queue; fork_prefixes)
   step_key, row_keys, position_keys
   recompute_logprobs, logprob_parity, truncated_logprobs_from_hidden
 """
 
+from rlvr_jax.sampling import continuous
 from rlvr_jax.sampling.keys import position_keys, row_keys, step_key
 from rlvr_jax.sampling.parity import (
   logprob_parity,
@@ -46,6 +48,7 @@ __all__ = [
   "TopK",
   "TopP",
   "bucket_length",
+  "continuous",
   "decode_step",
   "generate",
   "logprob_parity",

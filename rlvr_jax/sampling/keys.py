@@ -31,5 +31,11 @@ def row_keys(base_key: jax.Array, prompt_ids: jax.Array, sample_ids: jax.Array) 
 
 
 def position_keys(keys: jax.Array, position: int | jax.Array) -> jax.Array:
-  """Keys of completion position ``position`` (0 = first generated token): keys [B] -> [B]."""
-  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, position)
+  """Keys of completion position ``position`` (0 = first generated token): keys [B] -> [B].
+
+  ``position`` is one position for every row, or [B] positions, one per row (the slots of the
+  continuous sampler are at different positions); either gives the same key for the same
+  (row key, position).
+  """
+  axis = 0 if jnp.ndim(position) else None
+  return jax.vmap(jax.random.fold_in, in_axes=(0, axis))(keys, position)

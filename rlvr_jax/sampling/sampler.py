@@ -224,6 +224,7 @@ class DecodeState:
   Attributes:
     buf: the ``DecodeBuffers`` written so far (positions >= t still hold their initial values).
     done: [B] bool, the row has sampled a stop token.
+    ended: [B] bool, the row samples no more: it stopped or used its token budget.
     cache: the ``KVCache`` (its length grows between phases).
     last: [B] int32, the token sampled at position t - 1 (fed to the next decode step).
     t: [] int32, the next completion position to sample.
@@ -231,6 +232,7 @@ class DecodeState:
 
   buf: DecodeBuffers
   done: jax.Array
+  ended: jax.Array
   cache: KVCache
   last: jax.Array
   t: jax.Array
@@ -244,6 +246,7 @@ def _generate(
   key,
   stop_tokens,
   temperatures=None,
+  budgets=None,
   *,
   config: ModelConfig,
   strategy: Strategy,
@@ -253,25 +256,17 @@ def _generate(
   phases: tuple[int, ...],
 ) -> Rollout:
   """The jitted body of ``generate``: prompts [P, S] (bucketed), prompt_ids [P], typed key [],
-  stop_tokens [n_stop] (-1 = unused slot), temperatures [B] or None -> Rollout of B = P * G rows.
-  ``phases``: the cache lengths of the decode phases (``cache_phases``)."""
+  stop_tokens [n_stop] (-1 = unused slot), temperatures [B] or None, budgets [B] (each row's
+  token budget, <= T) or None -> Rollout of B = P * G rows. ``phases``: the cache lengths of the
+  decode phases (``cache_phases``)."""
+  rows = rows_of_call(
+    prompt_tokens, prompt_mask, prompt_ids, key, stop_tokens, temperatures, budgets,
+    num_samples=num_samples, max_new_tokens=max_new_tokens,
+  )  # fmt: skip
   P, S = prompt_tokens.shape
-  if prompt_mask.shape != (P, S) or prompt_ids.shape != (P,) or stop_tokens.ndim != 1:
-    raise ValueError(
-      f"prompt_tokens {prompt_tokens.shape}, prompt_mask {prompt_mask.shape}, prompt_ids "
-      f"{prompt_ids.shape}, stop_tokens {stop_tokens.shape}: expected [P, S], [P, S], [P], [n]"
-    )
   G, T = num_samples, max_new_tokens
   B = P * G
-  if temperatures is not None:
-    if temperatures.shape != (B,):
-      raise ValueError(f"temperatures {temperatures.shape} must be [B] = ({B},)")
-    temperatures = _constrain_rows(temperatures.astype(jnp.float32))
-  tokens0 = _constrain_rows(jnp.repeat(prompt_tokens, G, axis=0))
-  mask0 = _constrain_rows(jnp.repeat(prompt_mask, G, axis=0))
-  row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
-  sample_ids = _constrain_rows(jnp.tile(jnp.arange(G, dtype=jnp.int32), P))
-  row_keys = keys_lib.row_keys(key, row_prompt_ids, sample_ids)
+  temperatures, budgets, row_keys = rows.temperatures, rows.budgets, rows.keys
   if not phases or phases[-1] != S + T or list(phases) != sorted(set(phases)) or phases[0] <= S:
     raise ValueError(f"cache phases {phases} must increase from above {S} to S + T = {S + T}")
   # Mixed precision: the bfloat16 copy of the weights, made once for the whole call (the prefill
@@ -291,7 +286,7 @@ def _generate(
   def record(state: DecodeState, logits) -> DecodeState:
     t = state.t
     tok, smp_logp, mdl_logp, thr = _sample(strategy, logits, row_keys, t, temperatures)
-    alive = ~state.done
+    alive = ~state.ended
     columns = DecodeBuffers(
       tokens=jnp.where(alive, tok, pad_id),
       sampler_logp=jnp.where(alive, smp_logp, 0.0),
@@ -300,20 +295,17 @@ def _generate(
       mask=alive,
     )
     write = lambda b, c: jax.lax.dynamic_update_index_in_dim(b, c, t, axis=1)
-    done = state.done | (alive & jnp.any(tok[:, None] == stop_tokens[None, :], axis=1))
+    stop = alive & is_stop(tok, stop_tokens)
+    ended = state.ended | stop | (alive & (t + 1 >= budgets))
     buf = jax.tree.map(write, state.buf, columns)
-    return DecodeState(buf=buf, done=done, cache=state.cache, last=tok, t=t + 1)
+    return DecodeState(
+      buf=buf, done=state.done | stop, ended=ended, cache=state.cache, last=tok, t=t + 1
+    )
 
-  buf = DecodeBuffers(
-    tokens=jnp.full((B, T), pad_id, jnp.int32),
-    sampler_logp=jnp.zeros((B, T), jnp.float32),
-    model_logp=jnp.zeros((B, T), jnp.float32),
-    threshold=jnp.zeros((B, T), jnp.float32),
-    mask=jnp.zeros((B, T), jnp.bool_),
-  )
   state = DecodeState(
-    buf=jax.tree.map(_constrain_rows, buf),
+    buf=empty_buffers(B, T, pad_id),
     done=jnp.zeros((B,), jnp.bool_),
+    ended=jnp.zeros((B,), jnp.bool_),
     cache=cache,
     last=jnp.zeros((B,), jnp.int32),
     t=jnp.zeros((), jnp.int32),
@@ -330,23 +322,91 @@ def _generate(
       state = dataclasses.replace(state, cache=_constrain_cache(grow_cache(state.cache, length)))
     # Steps t < length - S + 1 write slots < length.
     end = min(T, length - S + 1)
-    cond = lambda state, end=end: (state.t < end) & ~jnp.all(state.done)
+    cond = lambda state, end=end: (state.t < end) & ~jnp.all(state.ended)
     state = jax.lax.while_loop(cond, body, state)
-  buf, done = state.buf, state.done
-  mixed = temperatures is not None  # greedy rows truncate
-  return Rollout(
-    prompt_tokens=tokens0,
-    prompt_mask=mask0,
-    tokens=buf.tokens,
-    sampler_logp=buf.sampler_logp,
-    model_logp=buf.model_logp,
-    completion_mask=buf.mask,
-    lengths=jnp.sum(buf.mask, axis=1, dtype=jnp.int32),
-    finished=done,
-    truncated=~done,
+  return rows.rollout(prompt_tokens, prompt_mask, state.buf, state.done, strategy)
+
+
+def is_stop(tokens, stop_tokens) -> jax.Array:
+  """[B] bool: ``tokens`` [B] is one of ``stop_tokens`` [n] (-1 entries match nothing)."""
+  return jnp.any(tokens[:, None] == stop_tokens[None, :], axis=1)
+
+
+def empty_buffers(B: int, T: int, pad_id: int) -> DecodeBuffers:
+  """``DecodeBuffers`` [B, T] before any token: pad ids, zeros, mask False (rows sharded)."""
+  buf = DecodeBuffers(
+    tokens=jnp.full((B, T), pad_id, jnp.int32),
+    sampler_logp=jnp.zeros((B, T), jnp.float32),
+    model_logp=jnp.zeros((B, T), jnp.float32),
+    threshold=jnp.zeros((B, T), jnp.float32),
+    mask=jnp.zeros((B, T), jnp.bool_),
+  )
+  return jax.tree.map(_constrain_rows, buf)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRows:
+  """The B = P * G rows of a sampling call, group ordered (row b = prompt b // G, sample b % G):
+  their prompt ids, sample ids, PRNG keys, temperatures ([B] or None) and token budgets [B]."""
+
+  num_samples: int
+  prompt_ids: jax.Array
+  sample_ids: jax.Array
+  keys: jax.Array
+  temperatures: jax.Array | None
+  budgets: jax.Array
+
+  def rollout(self, prompt_tokens, prompt_mask, buf: DecodeBuffers, done, strategy) -> Rollout:
+    """The ``Rollout`` of these rows from the prompts [P, S] and the written buffers."""
+    G = self.num_samples
+    mixed = self.temperatures is not None  # greedy rows truncate
+    return Rollout(
+      prompt_tokens=_constrain_rows(jnp.repeat(prompt_tokens, G, axis=0)),
+      prompt_mask=_constrain_rows(jnp.repeat(prompt_mask, G, axis=0)),
+      tokens=buf.tokens,
+      sampler_logp=buf.sampler_logp,
+      model_logp=buf.model_logp,
+      completion_mask=buf.mask,
+      lengths=jnp.sum(buf.mask, axis=1, dtype=jnp.int32),
+      finished=done,
+      truncated=~done,
+      prompt_ids=self.prompt_ids,
+      sample_ids=self.sample_ids,
+      sampler_threshold=buf.threshold if strategy.truncates or mixed else None,
+    )
+
+
+def rows_of_call(
+  prompt_tokens, prompt_mask, prompt_ids, key, stop_tokens, temperatures, budgets, *,
+  num_samples: int, max_new_tokens: int,
+) -> CallRows:  # fmt: skip
+  """Checks the traced inputs of a sampling call and derives its ``CallRows``."""
+  P, S = prompt_tokens.shape
+  if prompt_mask.shape != (P, S) or prompt_ids.shape != (P,) or stop_tokens.ndim != 1:
+    raise ValueError(
+      f"prompt_tokens {prompt_tokens.shape}, prompt_mask {prompt_mask.shape}, prompt_ids "
+      f"{prompt_ids.shape}, stop_tokens {stop_tokens.shape}: expected [P, S], [P, S], [P], [n]"
+    )
+  G, T = num_samples, max_new_tokens
+  B = P * G
+  if temperatures is not None:
+    if temperatures.shape != (B,):
+      raise ValueError(f"temperatures {temperatures.shape} must be [B] = ({B},)")
+    temperatures = _constrain_rows(temperatures.astype(jnp.float32))
+  if budgets is None:
+    budgets = jnp.full((B,), T, jnp.int32)
+  elif budgets.shape != (B,):
+    raise ValueError(f"max_lengths {budgets.shape} must be [B] = ({B},)")
+  budgets = _constrain_rows(jnp.clip(budgets.astype(jnp.int32), 1, T))
+  row_prompt_ids = _constrain_rows(jnp.repeat(prompt_ids.astype(jnp.int32), G))
+  sample_ids = _constrain_rows(jnp.tile(jnp.arange(G, dtype=jnp.int32), P))
+  return CallRows(
+    num_samples=G,
     prompt_ids=row_prompt_ids,
     sample_ids=sample_ids,
-    sampler_threshold=buf.threshold if strategy.truncates or mixed else None,
+    keys=keys_lib.row_keys(key, row_prompt_ids, sample_ids),
+    temperatures=temperatures,
+    budgets=budgets,
   )
 
 
@@ -423,6 +483,7 @@ def generate(
   buckets: Sequence[int] = DEFAULT_BUCKETS,
   temperatures=None,
   phase_steps: int | None = DEFAULT_PHASE_STEPS,
+  max_lengths=None,
 ) -> Rollout:
   """Samples ``num_samples`` completions for each prompt.
 
@@ -449,9 +510,55 @@ def generate(
     phase_steps: minimum decode steps per cache phase (``cache_phases``): the cache starts short
       and grows, so early steps do not attend over empty slots; each phase compiles one more
       decode body. None or 0: one phase.
+    max_lengths: optional [B] int token budget of each row, in [1, max_new_tokens]: a row that
+      reaches it without a stop token ends there, truncated (e.g. lengths imposed by a
+      benchmark). Traced: new values do not recompile.
   Returns:
     ``Rollout`` with B = P * G rows, prompts re-padded to the bucket length.
   """
+  call = prepare_call(
+    prompt_tokens, prompt_mask, config=config, num_samples=num_samples, strategy=strategy,
+    key=key, max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, prompt_ids=prompt_ids,
+    pad_id=pad_id, buckets=buckets, temperatures=temperatures, max_lengths=max_lengths,
+  )  # fmt: skip
+  return generate_jit(
+    params,
+    call.tokens,
+    call.mask,
+    call.prompt_ids,
+    key,
+    call.stops,
+    call.temperatures,
+    call.budgets,
+    config=config,
+    strategy=strategy,
+    num_samples=num_samples,
+    max_new_tokens=max_new_tokens,
+    pad_id=call.pad_id,
+    phases=cache_phases(call.tokens.shape[1], max_new_tokens, min_steps=phase_steps),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+  """The host-side inputs of a sampling call, checked: bucketed prompts [P, S_b], prompt ids
+  [P], the stop ids padded with -1, the pad id, per-row temperatures and budgets ([B] or None)."""
+
+  tokens: np.ndarray
+  mask: np.ndarray
+  prompt_ids: np.ndarray
+  stops: np.ndarray
+  pad_id: int
+  temperatures: np.ndarray | None
+  budgets: np.ndarray | None
+
+
+def prepare_call(
+  prompt_tokens, prompt_mask, *, config: ModelConfig, num_samples: int, strategy: Strategy,
+  key, max_new_tokens: int, stop_tokens=None, prompt_ids=None, pad_id=None,
+  buckets: Sequence[int] = DEFAULT_BUCKETS, temperatures=None, max_lengths=None,
+) -> PreparedCall:  # fmt: skip
+  """Checks the arguments of ``generate`` (and of ``continuous.generate``) on the host."""
   if num_samples < 1 or max_new_tokens < 1:
     raise ValueError(
       f"num_samples ({num_samples}) and max_new_tokens ({max_new_tokens}) must be >= 1"
@@ -484,18 +591,12 @@ def generate(
     if isinstance(strategy, Greedy):
       raise ValueError("temperatures need a sampling strategy (e.g. Temperature), not Greedy()")
     temperatures = row_temperatures(temperatures, num_prompts=P, num_samples=num_samples)
-  return generate_jit(
-    params,
-    tokens,
-    mask,
-    prompt_ids,
-    key,
-    stops,
-    temperatures,
-    config=config,
-    strategy=strategy,
-    num_samples=num_samples,
-    max_new_tokens=max_new_tokens,
-    pad_id=int(pad_id),
-    phases=cache_phases(tokens.shape[1], max_new_tokens, min_steps=phase_steps),
-  )
+  if max_lengths is not None:
+    max_lengths = np.asarray(max_lengths, np.int32)
+    B = P * num_samples
+    if max_lengths.shape != (B,) or (max_lengths < 1).any() or (max_lengths > max_new_tokens).any():
+      raise ValueError(
+        f"max_lengths must be [B] = ({B},) token budgets in [1, max_new_tokens = "
+        f"{max_new_tokens}], got shape {max_lengths.shape}"
+      )
+  return PreparedCall(tokens, mask, prompt_ids, stops, int(pad_id), temperatures, max_lengths)

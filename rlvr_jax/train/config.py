@@ -188,7 +188,19 @@ def base_config() -> ConfigDict:
   )  # added in the step: train/auxiliary_loss
   c.sampling = ConfigDict(
     # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
-    dict(num_samples=8, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=5, phase_steps=32)
+    # engine: "static" (sampling.generate: one batch of B rows) or "continuous"
+    # (sampling.continuous.generate: num_slots decode slots refilled from a queue of the rows,
+    # one prompt cache per prompt; 0 slots = B). Both give the same tokens.
+    dict(
+      num_samples=8,
+      temperature=1.0,
+      top_k=0,
+      top_p=1.0,
+      max_new_tokens=5,
+      phase_steps=32,
+      engine="static",
+      num_slots=0,
+    )  # fmt: skip
   )
   c.rl = ConfigDict(
     dict(
@@ -422,6 +434,11 @@ def validate(c) -> None:
   _need(0 < s.top_p <= 1, "sampling.top_p", f"must be in (0, 1], got {s.top_p}")
   _need(s.top_k >= 0, "sampling.top_k", "must be >= 0 (0 = off)")
   _need(s.phase_steps >= 0, "sampling.phase_steps", "must be >= 0 (0 = one cache phase)")
+  _need(
+    s.engine in ("static", "continuous"), "sampling.engine",
+    f"must be 'static' or 'continuous', got {s.engine!r}",
+  )  # fmt: skip
+  _need(s.num_slots >= 0, "sampling.num_slots", f"must be >= 0 (0 = every row), got {s.num_slots}")
   r = c.rl
   _need(r.num_steps >= 1, "rl.num_steps", "must be >= 1")
   _need(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")

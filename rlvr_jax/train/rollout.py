@@ -166,21 +166,30 @@ class Collector:
     )
 
   def _generate(self, params, ids, mask, prompt_ids, key, strategy, num_samples, temperatures=None):
-    rollout = sampling.generate(
+    s = self.c.sampling
+    num_samples = num_samples or s.num_samples
+    engine = {}
+    if s.engine == "continuous":
+      # Slots beyond the call's rows are never used: N = min(num_slots, B).
+      rows = ids.shape[0] * num_samples
+      engine = dict(num_slots=min(s.num_slots, rows) if s.num_slots else rows)
+    generate = sampling.generate if s.engine == "static" else sampling.continuous.generate
+    rollout = generate(
       params,
       ids,
       mask,
       config=self.model_config,
-      num_samples=num_samples or self.c.sampling.num_samples,
+      num_samples=num_samples,
       strategy=strategy or self.strategy,
       key=key,
-      max_new_tokens=self.c.sampling.max_new_tokens,
+      max_new_tokens=s.max_new_tokens,
       stop_tokens=tuple(self.tokenizer.eos_ids),
       prompt_ids=prompt_ids,
       pad_id=self.pad_id,
       buckets=(ids.shape[1],),
-      phase_steps=self.c.sampling.phase_steps,
+      phase_steps=s.phase_steps,
       temperatures=temperatures,
+      **engine,
     )
     return self.layout.gather_rollout(rollout)
 

@@ -37,6 +37,8 @@ NON_DEFINING = (
   "checkpoint.",
   "logging.",
   "compilation.",
+  "sampling.engine",
+  "sampling.num_slots",
   "eval.every",
   "eval.batch_size",
   "reward.num_workers",
