@@ -153,11 +153,11 @@ def test_prefix_forks_continue_a_rollout_with_parity(params):
 
 
 def test_kv_entries_per_row():
-  """The prompt stored once per prompt: P S + N T entries against B (S + T)."""
+  """The prompt cache once per prompt and N slots: P S + N (S + T) entries against B (S + T)."""
   kv = continuous.kv_entries_per_row(
     num_prompts=32, num_samples=8, prompt_len=256, max_new_tokens=512, num_slots=128
   )
-  assert kv == {"static": 768.0, "continuous": (32 * 256 + 128 * 512) / 256}
+  assert kv == {"static": 768.0, "continuous": (32 * 256 + 128 * 768) / 256}
 
 
 def test_bad_arguments_are_named(params):

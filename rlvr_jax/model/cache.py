@@ -51,19 +51,24 @@ class KVCache:
 
 @pytree_dataclass
 class SlotCache:
-  """The completion keys / values of the continuous sampler's decode slots, one buffer per layer.
+  """The keys / values of the continuous sampler's decode slots, one buffer pair per layer.
 
-  Unlike ``KVCache`` each slot (row) has its own fill: a slot holds the completion of whichever
-  (prompt, sample) it is decoding, written at column t - 1 when token t is sampled, and its
-  prompt's keys / values live once per prompt in a ``KVCache`` (the prompt cache) that every slot
-  of that prompt reads (``decoder.decode_slots``).
+  Each slot (row) decodes whichever (prompt, sample) the queue gave it, with a fill of its own
+  (unlike ``KVCache``, whose rows share one write index): its prompt's keys / values are copied
+  in when the slot is refilled (``fill_slot_prompts``, from a prompt cache that holds each prompt
+  once), and its completion's are written at column t - 1 when token t is sampled.
 
   Attributes:
-    k, v: tuples of L arrays [N, K, T_c, H] (the ``KVCache`` layout, N slots, T_c columns).
-    positions: [N, T_c] int32 position of the token in each column; -1 = empty (a refilled slot
-      has its row reset to -1, so its previous occupant's keys are never read).
+    prompt_k, prompt_v: tuples of L arrays [N, K, S, H]: the prompt of each slot's row.
+    prompt_positions: [N, S] int32 positions of those prompt tokens, -1 on padding.
+    k, v: tuples of L arrays [N, K, T_c, H]: the completion so far (``KVCache`` layout).
+    positions: [N, T_c] int32 position of the token in each completion column; -1 = empty (a
+      refilled slot has its row reset to -1, so its previous occupant is never read).
   """
 
+  prompt_k: tuple[jax.Array, ...]
+  prompt_v: tuple[jax.Array, ...]
+  prompt_positions: jax.Array
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   positions: jax.Array
@@ -73,23 +78,77 @@ class SlotCache:
     return self.positions.shape[1]
 
 
-def init_slot_cache(config: ModelConfig, num_slots: int, max_len: int, dtype) -> SlotCache:
-  """Empty slots: zeros, every position -1."""
-  shape, _ = kv_shapes(config, num_slots, max_len)
+def init_slot_cache(prompt_cache: KVCache, prompt_index: jax.Array, max_len: int) -> SlotCache:
+  """N slots holding the prompts ``prompt_index`` [N] of ``prompt_cache`` (P prompts) and an
+  empty completion buffer of ``max_len`` columns."""
+  take = lambda a: jnp.take(a, prompt_index, axis=0)
+  N = prompt_index.shape[0]
+  shape = (N, *prompt_cache.k[0].shape[1:2], max_len, prompt_cache.k[0].shape[3])
+  dtype = prompt_cache.k[0].dtype
   return SlotCache(
-    k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-    v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-    positions=jnp.full((num_slots, max_len), -1, jnp.int32),
+    prompt_k=tuple(map(take, prompt_cache.k)),
+    prompt_v=tuple(map(take, prompt_cache.v)),
+    prompt_positions=take(prompt_cache.positions),
+    k=tuple(jnp.zeros(shape, dtype) for _ in prompt_cache.k),
+    v=tuple(jnp.zeros(shape, dtype) for _ in prompt_cache.v),
+    positions=jnp.full((N, max_len), -1, jnp.int32),
   )
 
 
+def _put_row(buffer: jax.Array, row: jax.Array, n) -> jax.Array:
+  """``buffer`` with ``row`` (one slot's entry, no leading axis) written at index n of axis 0; a
+  16-bit float buffer is updated as its bits (XLA:CPU runs a bfloat16 dynamic-update-slice as a
+  float32 update of the whole buffer)."""
+  start = (n,) + (0,) * row.ndim
+  if jnp.dtype(buffer.dtype).itemsize == 2 and jnp.issubdtype(buffer.dtype, jnp.floating):
+    bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16)
+    out = jax.lax.dynamic_update_slice(bits(buffer), bits(row)[None], start)
+    return jax.lax.bitcast_convert_type(out, buffer.dtype)
+  return jax.lax.dynamic_update_slice(buffer, row[None].astype(buffer.dtype), start)
+
+
+def fill_slot_prompts(
+  slots: SlotCache, fill: jax.Array, prompt_index: jax.Array, prompt_cache: KVCache
+) -> SlotCache:
+  """``slots`` with the slots ``fill`` [N] bool given prompt ``prompt_index`` [N] of
+  ``prompt_cache`` and an empty completion (positions -1). Copies one prompt per filled slot (a
+  loop over the filled slots only), so a step that refills nothing copies nothing."""
+  N = fill.shape[0]
+  (order,) = jnp.nonzero(fill, size=N, fill_value=0)
+  count = jnp.sum(fill, dtype=jnp.int32)
+
+  def one(i, s: SlotCache) -> SlotCache:
+    n = order[i]
+    p = prompt_index[n]
+    put = lambda buf, src: _put_row(buf, jax.lax.dynamic_index_in_dim(src, p, 0, False), n)
+    return SlotCache(
+      prompt_k=tuple(map(put, s.prompt_k, prompt_cache.k)),
+      prompt_v=tuple(map(put, s.prompt_v, prompt_cache.v)),
+      prompt_positions=put(s.prompt_positions, prompt_cache.positions),
+      k=s.k,
+      v=s.v,
+      positions=s.positions,
+    )
+
+  slots = jax.lax.fori_loop(0, count, one, slots)
+  positions = jnp.where(fill[:, None], -1, slots.positions)
+  return SlotCache(
+    prompt_k=slots.prompt_k, prompt_v=slots.prompt_v, prompt_positions=slots.prompt_positions,
+    k=slots.k, v=slots.v, positions=positions,
+  )  # fmt: skip
+
+
 def grow_slot_cache(cache: SlotCache, max_len: int) -> SlotCache:
-  """``cache`` with ``max_len`` columns (the new ones empty); one copy of every buffer."""
+  """``cache`` with ``max_len`` completion columns (the new ones empty); one copy of the
+  completion buffers."""
   pad = max_len - cache.max_len
   if pad < 0:
     raise ValueError(f"cannot shrink a slot cache of length {cache.max_len} to {max_len}")
   widths = ((0, 0), (0, 0), (0, pad), (0, 0))
   return SlotCache(
+    prompt_k=cache.prompt_k,
+    prompt_v=cache.prompt_v,
+    prompt_positions=cache.prompt_positions,
     k=tuple(jnp.pad(k, widths) for k in cache.k),
     v=tuple(jnp.pad(v, widths) for v in cache.v),
     positions=jnp.pad(cache.positions, ((0, 0), (0, pad)), constant_values=-1),

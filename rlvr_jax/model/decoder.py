@@ -14,6 +14,7 @@ own outputs are finite garbage. Real tokens carry positions 0, 1, 2, ... which R
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -307,35 +308,31 @@ def decode_slots(
   tokens: jax.Array,
   positions: jax.Array,
   columns: jax.Array,
-  prompt_cache: KVCache,
-  prompt_index: jax.Array,
   slots: SlotCache,
   *,
   config: ModelConfig,
 ) -> tuple[jax.Array, SlotCache]:
-  """One decode step of N slots, each over its prompt's cache and its own completion cache.
+  """One decode step of N slots, each over its own prompt and completion buffers.
 
   Slot n feeds ``tokens[n]`` at position ``positions[n]`` (negative: a hole, nothing attends to
   it), writes its key / value at column ``columns[n]`` of its completion buffers, and attends to
-  the filled slots of prompt ``prompt_index[n]`` of ``prompt_cache`` (stored once per prompt,
-  read by every slot decoding a sample of it) and to the filled columns of its own row of
-  ``slots`` (``layers.prompt_and_slot_attention``). Every column a slot has filled precedes the
-  fed token, so no causal mask is needed beyond the positions.
+  the real tokens of its prompt and the filled columns of its completion
+  (``layers.prompt_and_slot_attention``). Every column a slot has filled precedes the fed token,
+  so no causal mask is needed beyond the positions.
 
   Args:
     params: ``unstack_layers``-ed params in the compute dtype (``compute_params``), as for the
       decode loop of ``sampling.generate``.
-    tokens, positions, columns, prompt_index: [N] int32.
-    prompt_cache: a ``KVCache`` of P prompts (its ``index`` is not used).
+    tokens, positions, columns: [N] int32.
     slots: the ``SlotCache`` of the N slots.
   Returns:
     (hidden [N, D] after the final norm, the updated ``SlotCache``).
   """
   N = tokens.shape[0]
-  if positions.shape != (N,) or columns.shape != (N,) or prompt_index.shape != (N,):
+  if positions.shape != (N,) or columns.shape != (N,):
     raise ValueError(
       f"decode_slots: tokens {tokens.shape}, positions {positions.shape}, columns "
-      f"{columns.shape}, prompt_index {prompt_index.shape} must all be [N]"
+      f"{columns.shape} must all be [N]"
     )
   if slots.positions.shape[0] != N:
     raise ValueError(f"decode_slots: {N} tokens for a slot cache of {slots.positions.shape[0]}")
@@ -347,25 +344,23 @@ def decode_slots(
   rows = jnp.arange(N)
   slot_positions = slots.positions.at[rows, columns].set(jnp.where(positions >= 0, positions, -1))
   mask_c = slot_positions >= 0
-  prompt_index = jnp.clip(prompt_index, 0, prompt_cache.positions.shape[0] - 1)
-  mask_p = jnp.take(prompt_cache.positions, prompt_index, axis=0) >= 0
+  mask_p = slots.prompt_positions >= 0
   new_k, new_v = [], []
-  caches = (prompt_cache.k, prompt_cache.v, slots.k, slots.v)
+  caches = (slots.prompt_k, slots.prompt_v, slots.k, slots.v)
   for lp, pk, pv, ck, cv in zip(layer_params(params, config), *caches, strict=True):
     q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
     ck = _scatter_columns(ck, k[:, 0].astype(ck.dtype), columns)
     cv = _scatter_columns(cv, v[:, 0].astype(cv.dtype), columns)
     dt = q.dtype
     attn = L.prompt_and_slot_attention(
-      q[:, 0], jnp.take(pk, prompt_index, axis=0).astype(dt),
-      jnp.take(pv, prompt_index, axis=0).astype(dt), mask_p, ck.astype(dt), cv.astype(dt),
-      mask_c, num_kv_heads=K,
+      q[:, 0], pk.astype(dt), pv.astype(dt), mask_p, ck.astype(dt), cv.astype(dt), mask_c,
+      num_kv_heads=K,
     )  # fmt: skip
     x = _block_tail(lp, x, attn[:, None], config)
     new_k.append(ck)
     new_v.append(cv)
   out = _norm(x, params["final_norm"], config)[:, 0]
-  return out, SlotCache(k=tuple(new_k), v=tuple(new_v), positions=slot_positions)
+  return out, dataclasses.replace(slots, k=tuple(new_k), v=tuple(new_v), positions=slot_positions)
 
 
 def _embed(params: Params, tokens: jax.Array) -> jax.Array:

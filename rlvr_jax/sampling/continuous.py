@@ -10,9 +10,10 @@ finished. ``generate`` here decodes with N <= B slots instead:
         for each cache phase (the completion buffers grow, as the static cache does):
           while a slot is live:
             decode one token for every live slot (``model.decode_slots``: each slot attends to
-              its prompt's cache and to its own completion buffer)
+              its prompt's keys / values and to its own completion's)
             sample, write to the row's outputs, end the rows that stopped or used their budget
-            refill the freed slots from the queue (their completion buffers reset)
+            refill the freed slots from the queue: the row's prompt keys / values are copied in
+              from the prompt cache (one copy per refilled slot), its completion buffer reset
   out:  the same ``Rollout`` as ``sampler.generate`` (rows in group order), and ``SlotStats``.
 
 Every row's token t uses the key of (prompt id, sample id, t) (``keys``), whatever slot and
@@ -22,9 +23,12 @@ the whole batch (a [n, 576] x [576, 1536] float32 matmul gives different bits fo
 n = 8 and n = 64 on XLA:CPU), and the slot batch (N) and buffers differ from the static batch.
 The tests check both (``tests/test_continuous_sampling.py``).
 
-Memory: the prompt's keys / values are stored once per prompt (P x S_b) and every slot of that
-prompt reads them (a gather per decode step); a slot's own buffer holds only its completion.
-KV cache = P S_b + N T_c entries per layer against the static sampler's B (S_b + T).
+Memory: the prompt cache holds each prompt's keys / values once (P x S_b), and the N slots hold
+the prompts and completions of the rows they decode: KV cache = P S_b + N (S_b + T_c) entries
+per layer against the static sampler's B (S_b + T). The prompt is copied into a slot when the
+slot is refilled, not read from the prompt cache at every step: a per-step gather of the
+slots' prompts (the first version) copied N S_b entries per layer per step, which on XLA made
+a step up to a third slower than the static one on equal lengths.
 
 Prefix forks: ``fork_prefixes`` turns (row, position) pairs of a rollout into prompts of their
 prefixes, and ``generate`` on them samples K continuations per prefix, the prefix stored once and
@@ -44,6 +48,7 @@ from rlvr_jax.model import (
   ModelConfig,
   compute_params,
   decode_slots,
+  fill_slot_prompts,
   grow_slot_cache,
   init_slot_cache,
   logits_from_hidden,
@@ -157,7 +162,7 @@ def _generate(
   queue = jnp.argsort(~needs, stable=True).astype(jnp.int32)
   queued = jnp.sum(needs, dtype=jnp.int32)
 
-  def take(state_row, state_t, state_last, positions, nxt, free):
+  def take(state_row, state_t, state_last, nxt, free):
     """Fills the ``free`` slots with the next queued rows (in slot order)."""
     rank = jnp.cumsum(free.astype(jnp.int32)) - 1
     entry = nxt + rank
@@ -166,18 +171,17 @@ def _generate(
     row = jnp.where(fill, new_row, state_row)
     t = jnp.where(fill, 1, state_t)
     last = jnp.where(fill, jnp.take(tok0, new_row), state_last)
-    positions = jnp.where(fill[:, None], -1, positions)
-    return row, t, last, positions, nxt + jnp.sum(fill, dtype=jnp.int32)
+    return row, t, last, fill, nxt + jnp.sum(fill, dtype=jnp.int32)
 
-  cache = init_slot_cache(config, N, phases[0], dtype=prompt_cache.k[0].dtype)
   empty = jnp.full((N,), -1, jnp.int32)
-  row, t, last, positions, nxt = take(
-    empty, jnp.zeros((N,), jnp.int32), jnp.zeros((N,), jnp.int32), cache.positions,
-    jnp.zeros((), jnp.int32), jnp.ones((N,), bool),
+  row, t, last, _, nxt = take(
+    empty, jnp.zeros((N,), jnp.int32), jnp.zeros((N,), jnp.int32), jnp.zeros((), jnp.int32),
+    jnp.ones((N,), bool),
   )  # fmt: skip
+  cache = init_slot_cache(prompt_cache, jnp.maximum(row, 0) // G, phases[0])
   zero = jnp.zeros((), jnp.int32)
   state = SlotState(
-    cache=dataclasses.replace(cache, positions=positions),
+    cache=cache,
     row=row,
     t=t,
     last=last,
@@ -193,9 +197,7 @@ def _generate(
     prompt = r // G
     feed = jnp.where(live, jnp.take(start, prompt) + s.t - 1, -1)
     column = jnp.where(live, s.t - 1, 0)
-    hidden, cache = decode_slots(
-      params, s.last, feed, column, prompt_cache, prompt, s.cache, config=config
-    )
+    hidden, cache = decode_slots(params, s.last, feed, column, s.cache, config=config)
     logits = logits_from_hidden(params, hidden, config)
     temps = None if rows.temperatures is None else jnp.take(rows.temperatures, r)
     tok, slogp, mlogp, thr = static._sample(strategy, logits, jnp.take(rows.keys, r), s.t, temps)
@@ -211,7 +213,8 @@ def _generate(
     done = s.done.at[dest].set(stop, mode="drop")
     ended = live & (stop | (s.t + 1 >= jnp.take(rows.budgets, r)))
     row = jnp.where(ended, -1, s.row)
-    row, t, last, positions, nxt = take(row, s.t + 1, tok, cache.positions, s.next, row < 0)
+    row, t, last, fill, nxt = take(row, s.t + 1, tok, s.next, row < 0)
+    cache = fill_slot_prompts(cache, fill, jnp.maximum(row, 0) // G, prompt_cache)
     refilled = nxt - s.next
     stats = SlotStats(
       steps=s.stats.steps + 1,
@@ -220,9 +223,8 @@ def _generate(
       refills=s.stats.refills + refilled,
     )
     return SlotState(
-      cache=dataclasses.replace(cache, positions=positions), row=row, t=t, last=last, next=nxt,
-      buf=buf, done=done, stats=stats,
-    )  # fmt: skip
+      cache=cache, row=row, t=t, last=last, next=nxt, buf=buf, done=done, stats=stats
+    )
 
   for length in phases:
     if length > state.cache.max_len:
@@ -317,12 +319,12 @@ def kv_entries_per_row(
 ) -> dict:
   """KV cache entries (per layer and kv head) per row of a call, static against continuous.
 
-  static: B (S_b + T) (every row holds its prompt); continuous: P S_b + N T (the prompt once,
-  each slot its completion); both divided by B.
+  static: B (S_b + T) (every row holds its prompt); continuous: P S_b + N (S_b + T) (the
+  prompt cache, and each slot's prompt and completion); both divided by B.
   """
   P, G, S, T, N = num_prompts, num_samples, prompt_len, max_new_tokens, num_slots
   B = P * G
-  return {"static": (B * (S + T)) / B, "continuous": (P * S + N * T) / B}
+  return {"static": (B * (S + T)) / B, "continuous": (P * S + N * (S + T)) / B}
 
 
 def fork_prefixes(
