@@ -55,6 +55,17 @@ def test_qwen_1_5b_config():
   assert ba.update_flops(c, [1], [1])["non_embedding_params"] == 1_310_195_712
 
 
+def test_decode_roofline_hand_count():
+  # tiny: P_ne = 73728, D V = 64 * 512 = 32768; K = 2, H = 16, L = 2, N = 4. Rows of 3 and 1
+  # completion tokens after a 4-token prompt, 2 decode steps: the 3-token row decodes t = 1, 2
+  # over 5 and 6 live entries (sum 11), the other decodes nothing.
+  #   bytes = 2 steps x 106496 x 2 B + 11 x (2 L x 2 x K x H x 2 B = 256) = 425984 + 2816
+  #   FLOPs = 2 x 106496 x 2 tokens + 4 L N H x 11 = 425984 + 5632
+  r = ba.decode_roofline(TINY, prompt=4, lengths=[3, 1], steps=2, bandwidth=1e9, peak=1e12)
+  assert (r["bytes"], r["flops"], r["bound"]) == (428800, 431616, "memory")
+  assert r["roofline_s"] == pytest.approx(428800 / 1e9)
+
+
 def test_parse_shapes():
   shapes = ba.parse_shapes(ba.DEFAULT_SHAPES, 16384)
   assert [(s.name, s.microbatches) for s in shapes] == [
@@ -176,8 +187,16 @@ def test_tiny_update_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_rollout_and_rl_step_on_cpu(tmp_path):
-  r = _run_tool(tmp_path, "--rounds", "1", "--parts", "rollout,rl_step")
-  ro, rl = r["rollout"], r["rl_step"]
+  r = _run_tool(tmp_path, "--rounds", "1", "--parts", "rollout,continuous,rl_step")
+  ro, rl, co = r["rollout"], r["rl_step"], r["continuous"]
+  # 32 rows through 16 slots: the same tokens; fewer decode steps than two static calls.
+  assert co["status"] == "ok" and co["same_tokens"] is True and co["rows"] == 32
+  assert co["continuous"]["steps"] < co["static"]["steps"]
+  assert co["continuous"]["useful_fraction"] > co["static"]["useful_fraction"]
+  for side in ("static", "continuous"):
+    assert co[side]["tokens_per_s"] == pytest.approx(co["tokens"] / co[side]["median_s"])
+    assert 0 < co[side]["roofline_fraction"] and co[side]["bound"] in ("memory", "compute")
+  assert "continuous batching, 32 rows through 16 slots" in r["stdout"]
   assert ro["status"] == "ok" and ro["generated_per_call"] == 8 * 16  # no stop token
   assert ro["tokens_per_s"] == pytest.approx(8 * 16 / ro["median_s"])
   assert rl["status"] == "ok" and len(rl["steps"]) == 1

@@ -48,7 +48,12 @@ the worker's life (weights, optimizer state, activations; the matmul peak is mea
 
 Also (ours only): the rollout's tokens/s (``sampling.generate``, the trainer's entry point, mixed
 precision, temperature 1, no stop token: every row generates all tokens; ``--rollout
-ROWSxNEWxPROMPT``, G = 8 samples per prompt, or 1 when 8 does not divide the rows), and whole RL steps of ``train.loop.Trainer``
+ROWSxNEWxPROMPT``, G = 8 samples per prompt, or 1 when 8 does not divide the rows); static
+against continuous batching (``--continuous ROWSxSLOTSxPROMPTxMEDIANxP99xMAX_NEW``: B rows with
+long-tailed lengths imposed as per-row budgets, log-normal with that median and 99th percentile;
+the static sampler in calls of SLOTS rows, the continuous one with SLOTS slots; tokens/s, the
+useful-token fraction, decode steps, and the fraction of the decode roofline
+``decode_roofline``, from a measured copy bandwidth and bf16 matmul peak); and whole RL steps of ``train.loop.Trainer``
 (``--rl-step PROMPTSxGROUPxNEW``, model ``--rl-step-model``, default the same): the random weights
 are exported with ``model.export_hf`` (bfloat16 on disk) with a word-level tokenizer over the
 full vocabulary, then loaded as ``model.source="hf"``; arithmetic prompts (a few tokens), the
@@ -76,7 +81,11 @@ torch: {status: ok | oom | error | timeout | skipped, error, alone, seconds: [pe
 warmup_s, median_s, min_s, max_s, model_tflops, hardware_tflops, matmul_peak_flops,
 matmul_peak_tflops, peak_fraction, peak_memory_bytes (null on CPU), max_rss_bytes, microbatches,
 ours: packed (the layout or false), pack_s}}], rollout: {status, rows, new_tokens, prompt_tokens, group,
-first_call_s, seconds, median_s, tokens_per_s, peak_memory_bytes} | null, rl_step: {status,
+first_call_s, seconds, median_s, tokens_per_s, peak_memory_bytes} | null, continuous: {status,
+rows, slots, prompt_tokens, max_new_tokens, median_length, p99_length, tokens, same_tokens,
+bandwidth_bytes_per_s, matmul_peak_flops, static and continuous: {seconds, median_s,
+tokens_per_s, steps, useful_fraction, bytes, flops, roofline_s, bound, roofline_fraction},
+speedup} | null, rl_step: {status,
 model, prompts, group, new_tokens, export_s, first_step, steps: [{time/...}], median: {time/...},
 peak_memory_bytes} | null, wall_s}.
 
@@ -146,8 +155,9 @@ MODELS = {
 }
 DEFAULT_SHAPES = "64x1024,8x4096,2x16384,1x32768"
 DEFAULTS = dict(model="Qwen/Qwen2.5-1.5B", shapes=DEFAULT_SHAPES, rollout="256x512x256",
-                rl_step="4x8x256")  # fmt: skip
-TINY = dict(model="tiny", shapes="4x64:2,2x128", rollout="8x16x8", rl_step="2x2x8")
+                continuous="512x256x256x512x8192x8192", rl_step="4x8x256")  # fmt: skip
+TINY = dict(model="tiny", shapes="4x64:2,2x128", rollout="8x16x8", continuous="32x16x8x4x32x32",
+            rl_step="2x2x8")  # fmt: skip
 OPTIM = dict(learning_rate=1e-6, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0, grad_clip=1.0)
 CLIP = 0.2  # GRPO's epsilon (both sides, symmetric)
 SIDES = ("ours", "torch")
@@ -463,6 +473,123 @@ def rollout_worker(spec: dict, channel):
   })  # fmt: skip
 
 
+def decode_roofline(
+  cfg,
+  *,
+  prompt: int,
+  lengths,
+  steps: int,
+  bandwidth: float,
+  peak: float,
+  weight_bytes: int = 2,
+  kv_bytes: int = 2,
+) -> dict:
+  """The decode roofline of rows with completion ``lengths`` (prompt ``prompt`` tokens each) in
+  ``steps`` decode steps: every step reads the weights (non-embedding and the [D, V]
+  unembedding, ``weight_bytes`` each) once, and each decoded token (t = 1 .. len - 1) reads its
+  row's live keys / values (prompt + t entries of L x 2 x K x H values, ``kv_bytes`` each);
+  matmul FLOPs 2 (P_ne + D V) per token plus attention 4 L N H (prompt + t). The roofline is
+  max(bytes / bandwidth, FLOPs / peak) over the whole call."""
+  import numpy as np
+
+  lengths = np.asarray(lengths, np.int64)
+  ctx = float(sum(prompt * (n - 1) + n * (n - 1) / 2 for n in lengths))  # sum of prompt + t
+  tokens = float((lengths - 1).sum())
+  p_ne = update_flops(cfg, [1], [1])["non_embedding_params"]
+  unembed = cfg.hidden_size * cfg.vocab_size
+  kv_per_entry = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * kv_bytes
+  nbytes = steps * (p_ne + unembed) * weight_bytes + ctx * kv_per_entry
+  flops = 2 * (p_ne + unembed) * tokens + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * ctx
+  seconds = max(nbytes / bandwidth, flops / peak)
+  return {"bytes": nbytes, "flops": flops, "roofline_s": seconds,
+          "bound": "memory" if nbytes / bandwidth >= flops / peak else "compute"}  # fmt: skip
+
+
+def device_bandwidth(n_bytes: int = 1 << 30) -> float:
+  """Bytes/s of a jitted elementwise pass over a bfloat16 array (read once, written once)."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jnp.ones((n_bytes // 2,), jnp.bfloat16)
+  f = jax.jit(lambda a: a * jnp.bfloat16(1.0001))
+  return 2 * n_bytes / harness.time_calls(lambda: f(x), warmup=1, repeats=10).min
+
+
+def continuous_worker(spec: dict, channel):
+  """Static against continuous batching on long-tailed lengths (``--continuous``): B rows of
+  G = 8 samples, lengths imposed as per-row budgets from a log-normal (median, p99), no stop
+  token. The static sampler runs the rows in calls of ``slots`` rows (the memory of the slots),
+  the continuous one all rows through ``slots`` slots; both give the same tokens."""
+  import jax
+  import numpy as np
+  from bench_continuous import synthetic_lengths
+
+  from rlvr_jax import model, sampling
+  from rlvr_jax.sampling import continuous
+
+  rows, slots, prompt, median, p99, new = spec["continuous"]
+  group = 8 if rows % 8 == 0 and slots % 8 == 0 else 1
+  cfg = _jax_model(spec)
+  params = model.init_params(cfg, jax.random.key(0))
+  ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (rows // group, prompt), np.int32)
+  lengths = synthetic_lengths(rows, median=median, p99=p99, max_len=new)
+  kw = dict(config=cfg, num_samples=group, strategy=sampling.Temperature(1.0), max_new_tokens=new,
+            stop_tokens=(), buckets=(prompt,))  # fmt: skip
+  per_call = slots // group
+
+  def static(budgets):
+    out = []
+    for c in range(0, rows // group, per_call):
+      r = slice(c * group, (c + per_call) * group)
+      out.append(sampling.generate(
+        params, ids[c : c + per_call], np.ones((per_call, prompt), bool), key=jax.random.key(0),
+        prompt_ids=np.arange(c, c + per_call), max_lengths=budgets[r], **kw,
+      ).tokens)  # fmt: skip
+    return jax.block_until_ready(out)
+
+  def slotted(budgets):
+    out, stats = continuous.generate(
+      params, ids, np.ones(ids.shape, bool), key=jax.random.key(0), num_slots=slots,
+      max_lengths=budgets, with_stats=True, **kw,
+    )  # fmt: skip
+    return jax.block_until_ready(out.tokens), stats
+
+  # Compile both with 2-token budgets (the budgets are traced: the same programs).
+  first = {
+    "static": harness.timed(lambda: static(np.full(rows, 2, np.int32)), block=False)[0],
+    "continuous": harness.timed(lambda: slotted(np.full(rows, 2, np.int32)), block=False)[0],
+  }
+  seconds = {"static": [], "continuous": []}
+  same, stats = None, None
+  while len(seconds["static"]) < spec["rounds"] and (
+    not seconds["static"] or time.time() < spec["stop_at"]):  # fmt: skip
+    t, a = harness.timed(lambda: static(lengths), block=False)
+    seconds["static"].append(t)
+    t, (b, stats) = harness.timed(lambda: slotted(lengths), block=False)
+    seconds["continuous"].append(t)
+    if same is None:
+      same = bool(np.array_equal(np.concatenate([np.asarray(x) for x in a]), np.asarray(b)))
+  bandwidth, peak = device_bandwidth(), harness.matmul_peak(spec["peak_n"], dtype="bfloat16")
+  static_steps = sum(int(lengths[c * group:(c + per_call) * group].max()) - 1
+                     for c in range(0, rows // group, per_call))  # fmt: skip
+  tokens = int(lengths.sum())
+  out = {"status": "ok", **_jax_info(), "rows": rows, "slots": slots, "prompt_tokens": prompt,
+         "max_new_tokens": new, "median_length": float(np.median(lengths)),
+         "p99_length": float(np.percentile(lengths, 99)), "tokens": tokens, "same_tokens": same,
+         "first_call_s": first, "bandwidth_bytes_per_s": bandwidth, "matmul_peak_flops": peak,
+         "peak_memory_bytes": _jax_peak_memory()}  # fmt: skip
+  for name, steps in (("static", static_steps), ("continuous", stats["steps"])):
+    med = statistics.median(seconds[name])
+    useful = (tokens - rows) / (steps * slots)
+    roof = decode_roofline(cfg, prompt=prompt, lengths=lengths, steps=steps, bandwidth=bandwidth,
+                           peak=peak)  # fmt: skip
+    out[name] = {"seconds": seconds[name], "median_s": med, "tokens_per_s": tokens / med,
+                 "steps": steps, "useful_fraction": useful, **roof,
+                 "roofline_fraction": roof["roofline_s"] / med}  # fmt: skip
+  out["speedup"] = out["continuous"]["tokens_per_s"] / out["static"]["tokens_per_s"]
+  channel.send(out)
+
+
 def _word_tokenizer(vocab_size: int):
   """A word-level tokenizer over the whole vocabulary: <pad> 0, <eos> 1, one id per printable
   character (prompts tokenise per character), the rest placeholders."""
@@ -529,7 +656,7 @@ def rl_step_worker(spec: dict, channel):
 
 
 WORKERS = {"ours": ours_update_worker, "torch": torch_update_worker, "rollout": rollout_worker,
-           "rl_step": rl_step_worker}  # fmt: skip
+           "continuous": continuous_worker, "rl_step": rl_step_worker}  # fmt: skip
 
 
 def worker_main(kind: str, spec: dict):
@@ -689,6 +816,22 @@ def markdown(report: dict) -> str:
                  f"{ro['median_s']:.3g} s per call")  # fmt: skip
   elif ro:
     lines.append(f"\nrollout: {ro.get('status')}: {ro.get('error', '')[:200]}")
+  co = report.get("continuous") or {}
+  if "speedup" in co:
+    lines.append(
+      f"\ncontinuous batching, {co['rows']} rows through {co['slots']} slots (prompt "
+      f"{co['prompt_tokens']}, lengths median {co['median_length']:.0f} / p99 "
+      f"{co['p99_length']:.0f}, same tokens: {co['same_tokens']}):\n"
+      "| sampler | tokens/s | useful fraction | decode steps | % of roofline (bound) |\n"
+      "|---|---|---|---|---|"
+    )
+    for name in ("static", "continuous"):
+      r = co[name]
+      lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {r['useful_fraction']:.2f} | "
+                   f"{r['steps']} | {100 * r['roofline_fraction']:.0f}% ({r['bound']}) |")  # fmt: skip
+    lines.append(f"speed-up (useful tokens/s): {co['speedup']:.2f}x")
+  elif co:
+    lines.append(f"\ncontinuous: {co.get('status')}: {co.get('error', '')[:200]}")
   rl = report.get("rl_step") or {}
   if rl.get("median"):
     phases = ", ".join(f"{k.split('/')[1]} {v:.3g} s" for k, v in rl["median"].items())
@@ -717,8 +860,11 @@ def parse_args(argv=None):
     "--packing", default="auto", choices=("auto", "off", "rows", "ragged"),
     help="our update's layout (train.packing); auto: ragged on GPU, rows on TPU, off on CPU",
   )  # fmt: skip
-  p.add_argument("--parts", default="update,rollout,rl_step")
+  p.add_argument("--parts", default="update,rollout,continuous,rl_step")
   p.add_argument("--rollout", help="ROWSxNEW_TOKENSxPROMPT_TOKENS (256x512x256)")
+  p.add_argument(
+    "--continuous", help="ROWSxSLOTSxPROMPTxMEDIANxP99xMAX_NEW (512x256x256x512x8192x8192)"
+  )
   p.add_argument("--rl-step", help="PROMPTSxGROUPxNEW_TOKENS (4x8x256)")
   p.add_argument("--rl-step-model", choices=sorted(MODELS), help="default: --model")
   p.add_argument("--budget-s", type=float, default=420.0)
@@ -748,6 +894,7 @@ def main(argv=None):
               rounds=args.rounds, warmup=args.warmup, peak_n=256 if args.tiny else 8192,
               folder=folder, rl_step_model=args.rl_step_model,
               rollout=[int(x) for x in args.rollout.split("x")],
+              continuous=[int(x) for x in args.continuous.split("x")],
               rl_step=[int(x) for x in args.rl_step.split("x")])  # fmt: skip
   cfg = ModelConfig.from_hf_dict(MODELS[args.model])
   env = harness.environment(packages=("torch", "transformers", "optax"), devices="none")
@@ -757,7 +904,7 @@ def main(argv=None):
     "settings": {k: v for k, v in base.items() if k != "folder"} | {"model_config": MODELS[args.model],
                                                                     "optimizer": OPTIM, "clip": CLIP},
     "flop_formula": __doc__.split("Model FLOPs")[1].split("TFLOP/s =")[0].strip(),
-    "shapes": [], "rollout": None, "rl_step": None,
+    "shapes": [], "rollout": None, "continuous": None, "rl_step": None,
   }  # fmt: skip
   for shape in parse_shapes(args.shapes, args.microbatch_tokens) if "update" in parts else []:
     print(f"# {shape.name}, micro-batches {shape.microbatches}", flush=True)
@@ -778,7 +925,7 @@ def main(argv=None):
       for k, name in names.items():
         if k in sides[side]:
           report["machine"].setdefault(name, sides[side][k])
-  for part in ("rollout", "rl_step"):
+  for part in ("rollout", "continuous", "rl_step"):
     if part in parts:
       if not clock.may_start():
         report[part] = {"status": "skipped", "error": "budget spent"}
