@@ -33,6 +33,9 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   ``min_form_credit`` (PURE), ``group_loo_token_rewards``, ``token_rloo_returns``,
   ``prime_advantages``, ``pure_advantages``, ``pure_token_advantages`` (+ ``step_sums``);
   REINFORCE++ takes dense rewards via ``token_rewards=``;
+* segment and tree credit of branching rollouts (SPO, arXiv 2505.23564): ``spo_cutpoints``,
+  ``spo_segments``, ``spo_chain_advantages``; ``SegmentTree`` (+ ``complete_tree``),
+  ``tree_values``, ``tree_advantages`` (SPO-tree);
 * RLPR's prompt filter: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``);
 * turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
   ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
@@ -53,7 +56,7 @@ Parts (this ``__init__`` is only the public API; the code is in): ``registry`` (
 ``group`` (group baselines: GRPO family, RLOO, ReMax, CoPO, CANON), ``passk`` (pass@k training,
 PKPO, max@G, the pass@k metric), ``riskpo`` (RiskPO and its tracker state), ``token_level``
 (REINFORCE++, its baseline variant, GAE), ``process`` (dense credit: PRIME, PURE, step
-segmentation), ``std_filter`` (RLPR's std filter), ``turns`` (turn-level returns and
+segmentation), ``segments`` (SPO's chain and tree credit), ``std_filter`` (RLPR's std filter), ``turns`` (turn-level returns and
 advantages), ``turn_estimators`` (those in the registry's form, selectable in multi-turn runs). The package imports only jax (``tests/test_import_rules.py`` checks it).
 """
 
@@ -124,6 +127,15 @@ from rlvr_jax.advantages.riskpo import (
   riskpo_init,
   riskpo_tracker_update,
 )
+from rlvr_jax.advantages.segments import (
+  SegmentTree,
+  complete_tree,
+  spo_chain_advantages,
+  spo_cutpoints,
+  spo_segments,
+  tree_advantages,
+  tree_values,
+)
 from rlvr_jax.advantages.std_filter import (
   StdFilterState,
   rlpr_std_filter,
@@ -156,6 +168,13 @@ from rlvr_jax.advantages.turns import (
 )
 
 __all__ = [
+  "SegmentTree",
+  "complete_tree",
+  "spo_chain_advantages",
+  "spo_cutpoints",
+  "spo_segments",
+  "tree_advantages",
+  "tree_values",
   "a2tgpo_token_advantages",
   "mapo_token_advantages",
   "matchtir_token_advantages",
