@@ -20,11 +20,17 @@ rows / slot-steps (static: sum(lengths - 1) / (B (max length - 1)); continuous: 
 ``SlotStats``), and the ratio continuous / static of tokens/s per round. The KV entries per row
 (``continuous.kv_entries_per_row``) are printed with each table.
 
+``--memory ROWSxSLOTSxPROMPTxNEW`` (with ``--hf-model``, default Qwen/Qwen2.5-1.5B, bfloat16
+compute): instead of timing, lowers and compiles both samplers on abstract arguments (nothing
+allocated) and prints XLA's ``memory_analysis()`` of each: the KV cache the call needs, static
+(B rows x (prompt + NEW)) against continuous (the prompt cache + SLOTS slots).
+
 Usage (the docs' table; minutes on the 2-core CPU):
   .venv/bin/python tools/bench_continuous.py --model smollm2 --lengths real,synthetic,equal \
       --prompts 8 --samples 8 --max-new-tokens 256 --median 32 --p99 256 --slots 16,32 \
       --rounds 3 --json-out /tmp/continuous.json
   # quick check: --model tiny --max-new-tokens 64 --median 8 --p99 64 --rounds 2
+  .venv/bin/python tools/bench_continuous.py --memory 1024x256x256x2048
 """
 
 from __future__ import annotations
@@ -78,6 +84,39 @@ def load(model: str, num_prompts: int):
   return params, config, ids, mask, tuple(tokenizer.eos_ids), c.sampling.temperature
 
 
+def compiled_memory(hf_model: str, rows: int, slots: int, prompt: int, new: int) -> dict:
+  """XLA's memory analysis of both samplers compiled for abstract arguments, in bytes."""
+  from update_memory import analysis_bytes
+
+  from rlvr_jax.model.config import HF_CONFIGS
+
+  cfg = ModelConfig.from_hf_dict(HF_CONFIGS[hf_model], dtype="float32", compute_dtype="bfloat16")
+  G = 8
+  P = rows // G
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
+  args = (
+    params, spec((P, prompt), np.int32), spec((P, prompt), bool), spec((P,), np.int32),
+    jax.random.key(0), spec((8,), np.int32), None, spec((rows,), np.int32),
+  )  # fmt: skip
+  kw = dict(config=cfg, strategy=sampling.Temperature(1.0), num_samples=G, max_new_tokens=new,
+            pad_id=0)  # fmt: skip
+  out = {}
+  static_phases = sampling.sampler.cache_phases(prompt, new)
+  lowered = sampling.sampler.generate_jit.lower(*args, phases=static_phases, **kw)
+  out["static"] = analysis_bytes(lowered.compile())
+  lowered = continuous.generate_jit.lower(
+    *args, num_slots=slots, phases=continuous.completion_phases(new, min_steps=32), **kw
+  )
+  out["continuous"] = analysis_bytes(lowered.compile())
+  kv = continuous.kv_entries_per_row(num_prompts=P, num_samples=G, prompt_len=prompt,
+                                     max_new_tokens=new, num_slots=slots)  # fmt: skip
+  per_entry = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2  # bfloat16 k and v
+  for name in ("static", "continuous"):
+    out[name]["kv_bytes_formula"] = kv[name] * rows * per_entry
+  return out
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
@@ -88,10 +127,26 @@ def main():
   ap.add_argument("--median", type=float, default=8)
   ap.add_argument("--p99", type=float, default=64)
   ap.add_argument("--slots", default="16", help="comma-separated slot counts")
+  ap.add_argument("--memory", default="", help="ROWSxSLOTSxPROMPTxNEW: compiled memory only")
+  ap.add_argument("--hf-model", default="Qwen/Qwen2.5-1.5B", help="the model of --memory")
   harness.add_common_args(ap, rounds=3, warmup=1)
   args = ap.parse_args()
   env = harness.environment()
   print(harness.header(env))
+  if args.memory:
+    rows, slots, prompt, new = (int(x) for x in args.memory.split("x"))
+    mem = compiled_memory(args.hf_model, rows, slots, prompt, new)
+    gb = lambda x: f"{x / 1e9:.2f}"
+    print(f"\n{args.hf_model}, {rows} rows (G = 8), prompt {prompt}, {new} new tokens, "
+          f"continuous with {slots} slots; XLA memory analysis, GB:")  # fmt: skip
+    print(harness.markdown_table(
+      ["sampler", "arguments", "temporaries", "peak", "KV cache (formula)"],
+      [[name, gb(m["argument_bytes"]), gb(m["temp_bytes"]), gb(m["peak_bytes"]),
+        gb(m["kv_bytes_formula"])] for name, m in mem.items()],
+    ))  # fmt: skip
+    if args.json_out:
+      harness.write_json(args.json_out, {"memory": mem, "args": vars(args)}, env)
+    return
   params, config, ids, mask, eos, temperature = load(args.model, args.prompts)
   P, G, T = args.prompts, args.samples, args.max_new_tokens
   B = P * G
