@@ -1,5 +1,6 @@
-"""SPO's segment credit (``advantages.segments``): cutpoints, chain segments and advantages, tree
-values and advantages, against hand-computed goldens and a float64 recursion."""
+"""SPO's segment credit and R3L's retry credit (``advantages.segments``): cutpoints, chain
+segments and advantages, tree values and advantages, pivotal masks and positive amplification,
+against hand-computed goldens and float64 references."""
 
 import dataclasses
 
@@ -133,3 +134,36 @@ def test_spo_tree_6_6_6_against_a_float64_recursion():
   got = jax.jit(seg.tree_values, static_argnames="max_depth")(t, max_depth=3)
   np.testing.assert_allclose(np.asarray(got), values, atol=1e-6)
   np.testing.assert_allclose(np.asarray(seg.tree_advantages(t, max_depth=3)), adv, atol=1e-6)
+
+
+def test_pivotal_mask_drops_the_shared_prefix():
+  mask = jnp.asarray([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
+  out = seg.pivotal_mask(mask, jnp.asarray([2, 0]))
+  np.testing.assert_array_equal(np.asarray(out), [[0, 0, 1, 1, 0], [1, 1, 1, 1, 1]])
+  with pytest.raises(ValueError, match="shared_prefix"):
+    seg.pivotal_mask(mask, jnp.asarray([1, 2, 3]))
+
+
+def test_r3l_positive_amplification_golden():
+  # Group mean 0.375: R = 1 -> 1 (a success), 0.5 -> 3 x 0.125, 0 -> -0.375 (unchanged).
+  r = jnp.asarray([[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, jnp.nan, 0.0, 0.0]])
+  adv = np.asarray(seg.r3l_advantages(r))
+  np.testing.assert_allclose(adv[0], [1.0, -0.375, 0.375, -0.375])
+  np.testing.assert_allclose(adv[1], 0.0)  # all fail: every score 0 (>= 0, times 3)
+  np.testing.assert_allclose(adv[2], [1.0, 0.0, -1 / 3, -1 / 3], atol=1e-6)  # NaN excluded
+  one = seg.r3l_advantages(jnp.asarray([[0.7, jnp.nan]]))
+  np.testing.assert_allclose(np.asarray(one), 0.0)  # fewer than 2 valid samples
+
+
+def test_r3l_soft_baseline_against_float64():
+  rng = np.random.default_rng(2)
+  r = rng.uniform(0, 1, (5, 6))
+  r[0, 2] = 1.0
+  tau = 0.5
+  b = tau * (np.log(np.exp(r / tau).sum(1, keepdims=True)) - np.log(6))
+  score = r - b
+  expected = np.where(r >= 1.0, 1.0, np.where(score >= 0, 3.0 * score, score))
+  got = seg.r3l_advantages(jnp.asarray(r, jnp.float32), baseline="soft", tau=tau)
+  np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5)
+  # The soft baseline is at least the mean: fewer scores are amplified.
+  assert (b[:, 0] >= r.mean(1) - 1e-12).all()

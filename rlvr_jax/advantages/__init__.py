@@ -35,7 +35,8 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   REINFORCE++ takes dense rewards via ``token_rewards=``;
 * segment and tree credit of branching rollouts (SPO, arXiv 2505.23564): ``spo_cutpoints``,
   ``spo_segments``, ``spo_chain_advantages``; ``SegmentTree`` (+ ``complete_tree``),
-  ``tree_values``, ``tree_advantages`` (SPO-tree);
+  ``tree_values``, ``tree_advantages`` (SPO-tree); R3L's ``pivotal_mask`` and
+  ``r3l_advantages`` (positive amplification);
 * RLPR's prompt filter: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``);
 * turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
   ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
@@ -130,6 +131,8 @@ from rlvr_jax.advantages.riskpo import (
 from rlvr_jax.advantages.segments import (
   SegmentTree,
   complete_tree,
+  pivotal_mask,
+  r3l_advantages,
   spo_chain_advantages,
   spo_cutpoints,
   spo_segments,
@@ -170,6 +173,8 @@ from rlvr_jax.advantages.turns import (
 __all__ = [
   "SegmentTree",
   "complete_tree",
+  "pivotal_mask",
+  "r3l_advantages",
   "spo_chain_advantages",
   "spo_cutpoints",
   "spo_segments",

@@ -23,6 +23,17 @@ SPO (Segment Policy Optimization, Guo et al., arXiv 2505.23564) credits a trajec
 
 The tree type ``SegmentTree`` (parent index, depth, where the node's segment starts) is what the
 tree estimators read, so other tree methods (TreeRL, LATR) can share it.
+
+R3L (Reflect-then-Retry RL, Shi et al., arXiv 2601.03715) retries a failed trajectory from the
+point where it went wrong, so a retry shares a prefix with its original:
+
+* **Pivotal credit** (``pivotal_mask``): the tokens of the shared prefix leave the loss; only the
+  diverging suffix, where the two trajectories differ, is trained.
+* **Positive amplification** (``r3l_advantages``): with the group baseline b (the mean of the
+  group's valid rewards, or the soft maximum tau (logsumexp(R / tau) - log n)), a score
+  A = R - b, then A = 1 for a trajectory with the maximal reward (R >= ``max_reward``), A x alpha
+  for the other non-negative scores (alpha = 3), negative scores unchanged: in groups where
+  failures dominate the few successes still steer the update (as in the authors' code).
 """
 
 from __future__ import annotations
@@ -32,6 +43,50 @@ import jax.numpy as jnp
 
 from rlvr_jax.advantages import common
 from rlvr_jax.types import pytree_dataclass
+
+
+def pivotal_mask(completion_mask: jax.Array, shared_prefix: jax.Array) -> jax.Array:
+  """R3L's pivotal credit: ``completion_mask`` [B, T] without the first ``shared_prefix[b]``
+  completion tokens of each row (the prefix a retry shares with the trajectory it retries; 0
+  for a row that is no retry)."""
+  common.check_rank("completion_mask", completion_mask, 2, "B, T")
+  if shared_prefix.shape != completion_mask.shape[:1]:
+    raise ValueError(
+      f"shared_prefix {shared_prefix.shape} must be [B] for completion_mask {completion_mask.shape}"
+    )
+  t = jnp.arange(completion_mask.shape[1])
+  return completion_mask.astype(bool) & (t[None, :] >= shared_prefix[:, None])
+
+
+def r3l_advantages(
+  rewards: jax.Array,
+  *,
+  valid: jax.Array | None = None,
+  alpha: float = 3.0,
+  max_reward: float = 1.0,
+  baseline: str = "mean",
+  tau: float = 1.0,
+) -> jax.Array:
+  """R3L's positive amplification (module docstring). [P, G] -> [P, G] float32.
+
+  A = R - b with b the group's mean (``baseline="mean"``) or soft maximum
+  tau (logsumexp(R / tau) - log n) (``"soft"``) over its n valid samples; then 1 where R >=
+  ``max_reward``, alpha A where A >= 0, A where A < 0. Invalid (NaN) samples and groups with
+  fewer than 2 valid samples get 0 (this package's rule; the authors' code uses b = 0 for a
+  group of one).
+  """
+  common.check_choice("baseline", baseline, ("mean", "soft"))
+  rewards, mask = common.prepare(rewards, valid)
+  mean, _, count = common.group_mean_std(rewards, mask, ddof=0)
+  if baseline == "mean":
+    b = mean
+  else:
+    z = jnp.where(mask, rewards / tau, -jnp.inf)
+    lse = jax.nn.logsumexp(z, axis=1, keepdims=True)
+    b = tau * (lse - jnp.log(jnp.maximum(count, 1.0)))
+  score = rewards - b
+  score = jnp.where(rewards >= max_reward, 1.0, jnp.where(score >= 0, alpha * score, score))
+  return jnp.where(mask & (count > 1), score, 0.0)
 
 
 def spo_cutpoints(
