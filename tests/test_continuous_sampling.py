@@ -117,11 +117,14 @@ def test_row_budgets_and_the_remax_greedy_row(params):
 def test_same_rollout_under_an_8_device_mesh(params):
   """Slots sharded over the data axes (weights over ``tensor``) sample what one device does."""
   prompts = _prompts(4, seed=13)
-  _, single, _ = _both(params, prompts, COMBINED, num_slots=8)
+  static, single, _ = _both(params, prompts, COMBINED, num_slots=8)
   mesh = sharding_lib.make_mesh(2, 2, 2)
   with jax.set_mesh(mesh):
     placed = jax.device_put(params, param_shardings(CONFIG, mesh, sharding_lib.SAMPLE_RULES))
-    static, sharded, _ = _both(placed, prompts, COMBINED, num_slots=8)
+    sharded = continuous.generate(
+      placed, *prompts, config=CONFIG, num_samples=4, strategy=COMBINED, key=jax.random.key(1),
+      max_new_tokens=24, stop_tokens=STOPS, phase_steps=4, num_slots=8,
+    )  # fmt: skip
   assert not sharded.tokens.sharding.is_fully_replicated
   _assert_same(single, sharded)
   _assert_same(static, sharded)
