@@ -4,7 +4,7 @@ Public API (see ``rlvr_jax/model/*.py`` for details):
 
   ModelConfig, init_params, param_specs, abstract_params, param_shardings, logical_axes,
   KVCache, init_cache, grow_cache, SlotCache, init_slot_cache, fill_slot_prompts, grow_slot_cache, decode_slots,
-  forward, forward_into_new_cache, forward_shared_prompt, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
+  forward, forward_at_columns, forward_into_new_cache, forward_shared_prompt, hidden_states_per_layer, unembed_matrix, logits_from_hidden,
   unstack_layers, with_unembed, layer_params, compute_params (the bfloat16 copy of mixed precision),
   load_hf, load_gguf, export_hf, Tokenizer, load_smollm2, NNXAdapter.
 
@@ -27,6 +27,7 @@ from rlvr_jax.model.config import ModelConfig, UnsupportedModelError
 from rlvr_jax.model.decoder import (
   decode_slots,
   forward,
+  forward_at_columns,
   forward_into_new_cache,
   forward_shared_prompt,
   hidden_states_per_layer,
@@ -83,6 +84,7 @@ __all__ = [
   "decode_slots",
   "fill_slot_prompts",
   "forward",
+  "forward_at_columns",
   "forward_into_new_cache",
   "forward_shared_prompt",
   "grow_cache",

@@ -261,11 +261,14 @@ def _write_slots(buffer: jax.Array, new: jax.Array, starts) -> jax.Array:
   return jax.lax.bitcast_convert_type(bits, buffer.dtype)
 
 
-def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KVCache, collect):
+def _run_cached_layers(
+  params, x, cos, sin, mask, config: ModelConfig, cache: KVCache, collect, write=None
+):
   """The layers as an unrolled loop over per-layer weights and cache buffers.
 
   Each layer writes its S new keys / values at slot ``cache.index`` (in place under a donated
-  cache) and attends over its whole buffer. Returns (x, new k tuple, new v tuple, inputs or None).
+  cache), or with ``write(buffer, new)`` when given, and attends over its whole buffer. Returns
+  (x, new k tuple, new v tuple, inputs or None).
   """
   K = config.num_kv_heads
   layers = params["layers"]
@@ -283,8 +286,11 @@ def _run_cached_layers(params, x, cos, sin, mask, config: ModelConfig, cache: KV
     q, k, v = _qkv(lp, _norm(x, lp["attn_norm"], config), cos, sin, config)
     # Only the S new entries are transposed into the buffer layouts, never the cache.
     k, v = to_cache_layout(k, v, ck.dtype)
-    ck = _write_slots(ck, k, (zero, zero, index, zero))
-    cv = _write_slots(cv, v, (zero, zero, index, zero))
+    if write is None:
+      ck = _write_slots(ck, k, (zero, zero, index, zero))
+      cv = _write_slots(cv, v, (zero, zero, index, zero))
+    else:
+      ck, cv = write(ck, k), write(cv, v)
     attn = L.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, num_kv_heads=K)
     x = _block_tail(lp, x, attn, config)
     new_k.append(ck)
@@ -301,6 +307,64 @@ def _scatter_columns(buffer: jax.Array, new: jax.Array, columns: jax.Array) -> j
   bits = jax.lax.bitcast_convert_type(buffer, jnp.uint16)
   new = jax.lax.bitcast_convert_type(new.astype(buffer.dtype), jnp.uint16)
   return jax.lax.bitcast_convert_type(bits.at[rows, :, columns, :].set(new), buffer.dtype)
+
+
+def _scatter_token_columns(buffer: jax.Array, new: jax.Array, columns: jax.Array) -> jax.Array:
+  """``buffer`` [N, K, L, H] with ``new`` [N, K, W, H] written token by token at the columns
+  ``columns`` [N, W] of each row; a column outside [0, L) drops its token (on the bits of a
+  16-bit float buffer, as ``_write_slots``)."""
+  rows = jnp.arange(buffer.shape[0])[:, None]
+  new = new.astype(buffer.dtype).transpose(0, 2, 1, 3)  # [N, W, K, H]: the indexed result's layout
+  if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
+    return buffer.at[rows, :, columns, :].set(new, mode="drop")
+  bits = jax.lax.bitcast_convert_type(buffer, jnp.uint16)
+  new = jax.lax.bitcast_convert_type(new, jnp.uint16)
+  out = bits.at[rows, :, columns, :].set(new, mode="drop")
+  return jax.lax.bitcast_convert_type(out, buffer.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def forward_at_columns(
+  params: Params,
+  tokens: jax.Array,
+  positions: jax.Array,
+  columns: jax.Array,
+  cache: KVCache,
+  *,
+  config: ModelConfig,
+) -> tuple[jax.Array, KVCache]:
+  """``forward`` with a cache whose rows fill at their own pace (no shared write index).
+
+  Row n writes its token j at column ``columns[n, j]`` of its buffers (a column outside
+  [0, S_max) writes nothing: padding) and each token attends to the filled columns of its row
+  whose position is at most its own. Rows are compact streams (one token per position, in
+  order), so the position order is the causal order and a row never holds holes; the multi-turn
+  slot sampler (``sampling.multiturn_slots``) keeps one episode per row this way. A token with a
+  negative position is padding (its output is garbage and nothing attends to it).
+
+  Args:
+    params: ``unstack_layers``-ed params (the decode layout).
+    tokens, positions, columns: [N, W] int32.
+    cache: a ``KVCache`` of N rows; its ``index`` is not used and comes back unchanged.
+  Returns:
+    (hidden [N, W, D] after the final norm, the updated cache).
+  """
+  _check_inputs(params, tokens, positions, config, cache)
+  if columns.shape != tokens.shape:
+    raise ValueError(f"forward_at_columns: columns {columns.shape} != tokens {tokens.shape}")
+  params = compute_params(params, config)
+  positions = positions.astype(jnp.int32)
+  x = _embed(params, tokens)
+  cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(config))
+  stored = jnp.where(positions >= 0, positions, -1)
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  cache_positions = cache.positions.at[rows, columns].set(stored, mode="drop")
+  key_pos = cache_positions[:, None, :]
+  mask = (key_pos >= 0) & (key_pos <= positions[:, :, None])
+  write = functools.partial(_scatter_token_columns, columns=columns.astype(jnp.int32))
+  x, ck, cv, _ = _run_cached_layers(params, x, cos, sin, mask, config, cache, False, write)
+  out = _norm(x, params["final_norm"], config)
+  return out, KVCache(k=ck, v=cv, positions=cache_positions, index=cache.index)
 
 
 def decode_slots(

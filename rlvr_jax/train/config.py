@@ -190,7 +190,8 @@ def base_config() -> ConfigDict:
     # phase_steps: minimum decode steps per cache phase of sampling.generate (0 = one phase).
     # engine: "static" (sampling.generate: one batch of B rows) or "continuous"
     # (sampling.continuous.generate: num_slots decode slots refilled from a queue of the rows,
-    # one prompt cache per prompt; 0 slots = B). Both give the same tokens.
+    # one prompt cache per prompt; 0 slots = B; with config.env, sampling.multiturn_slots: the
+    # episodes through num_slots slots, each filling at its own pace). Both give the same tokens.
     dict(
       num_samples=8,
       temperature=1.0,

@@ -103,7 +103,7 @@ FIELD_HELP: dict[str, str] = {
   "sampling.top_p": "nucleus sampling mass (1 = off)",
   "sampling.max_new_tokens": "completion length limit T",
   "sampling.phase_steps": "minimum decode steps per KV-cache phase (0 = one phase)",
-  "sampling.engine": "static (one batch until its longest row ends) or continuous (refilled slots)",
+  "sampling.engine": "static (one batch until its longest row ends) or continuous (refilled slots; env episodes too)",
   "sampling.num_slots": "continuous engine: rows decoded at once (0 = every row of the call)",
   # rl
   "rl.num_steps": "RL steps; raising it on a finished run extends it from its last checkpoint",

@@ -19,7 +19,7 @@ the same ``rollout.RolloutBatch`` the single-turn collector does:
 
 Metrics: ``episode/turns_mean``, ``episode/success`` (terminated with a positive final reward),
 ``episode/tool_calls_mean``, ``env/fail_frac``, ``env/fail/<cause>``, ``env/step_time_s``,
-``env/wait_s``, ``rollout/hole_frac``, plus the single-turn names (``reward/mean``,
+``env/wait_s``, ``rollout/hole_frac`` (``rollout/useful_frac`` with ``sampling.engine=continuous``), plus the single-turn names (``reward/mean``,
 ``accuracy/mean`` = success, ``length/mean`` = action tokens per episode, ...).
 """
 
@@ -38,6 +38,7 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import envs, sampling
 from rlvr_jax.data.char_tokenizer import CharTokenizer
 from rlvr_jax.sampling.multiturn_rollout import rollout_episodes
+from rlvr_jax.sampling.multiturn_slots import rollout_episodes_on_slots
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import methods, sft
 from rlvr_jax.train import step as step_lib
@@ -138,16 +139,19 @@ class MultiTurnCollector:
 
   def play(self, params, seeds, *, key, strategy=None, group_size=1):
     """Episodes for ``seeds`` (one per row; rows group ordered) -> ``EpisodeBatch``."""
-    e = self.c.env
+    e, s = self.c.env, self.c.sampling
     B = len(seeds)
+    # The continuous engine: episodes through ``num_slots`` decode slots (0: one per episode).
+    engine = dict(num_slots=s.num_slots) if s.engine == "continuous" else {}
+    play = rollout_episodes_on_slots if s.engine == "continuous" else rollout_episodes
     with self.layout.context():
-      return rollout_episodes(
+      return play(
         self.layout.sampling_params(params), self.pool, self.renderer, config=self.model_config,
         strategy=strategy or self.strategy, key=key, seeds=seeds, decode=self.decode,
         max_tokens=e.max_tokens, turn_tokens=e.turn_tokens, stop_sequences=self.stops,
         pad_id=self.pad_id, eos_ids=self.tokenizer.eos_ids, max_turns=e.max_turns,
         prompt_ids=np.arange(B) // group_size, sample_ids=np.arange(B) % group_size,
-        chunk_steps=e.chunk_steps, cache_buckets=CACHE_BUCKETS,
+        chunk_steps=e.chunk_steps, cache_buckets=CACHE_BUCKETS, **engine,
       )  # fmt: skip
 
   def _batch_arrays(self, eb):
@@ -249,8 +253,11 @@ class MultiTurnCollector:
       "env/step_time_s": eb.metrics["env_step_s"],
       "env/wait_s": eb.metrics["env_wait_s"],
       "time/decode": eb.metrics["decode_s"],
-      "rollout/hole_frac": eb.metrics["holes"] / max(1, eb.metrics["cache_slots"] * B),
     }
+    if "useful_frac" in eb.metrics:  # decode slots: no holes; slot-steps that sampled a token
+      out["rollout/useful_frac"] = eb.metrics["useful_frac"]
+    else:
+      out["rollout/hole_frac"] = eb.metrics["holes"] / max(1, eb.metrics["cache_slots"] * B)
     for cause in envs.CAUSES:
       out[f"env/fail/{cause}"] = float(causes.count(cause))
     return out
