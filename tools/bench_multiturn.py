@@ -13,8 +13,15 @@ observations) and the ratio multi / single. Runs alternate (single, multi, singl
 ``harness.interleave``) after ``--warmup`` compile runs of each, so the machine's drift hits both;
 medians over ``--rounds``. ``--json-out PATH``: the environment record and the samples as JSON.
 
+``--slots N1,N2``: instead, the lockstep sampler against episodes on decode slots
+(``sampling.multiturn_slots``, N slots each) on ragged episodes: episode b plays
+1 + (b * 7 mod K) turns of A tokens, so the rows end at different turns; stream tokens per second,
+slot-steps that sampled a token, and KV cache columns (lockstep: its cache length x B rows;
+slots: N rows x prompt + ``max_tokens``).
+
 Usage (the environment record, load included, is printed first: the 2-core machine is shared):
   .venv/bin/python tools/bench_multiturn.py --batch 16 --turns 4 --action-tokens 16 --rounds 5
+  .venv/bin/python tools/bench_multiturn.py --batch 32 --turns 8 --action-tokens 16 --slots 32,16
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from rlvr_jax.data.char_tokenizer import CharTokenizer  # noqa: E402
 from rlvr_jax.model import ModelConfig, init_params  # noqa: E402
 from rlvr_jax.sampling import Temperature, generate  # noqa: E402
 from rlvr_jax.sampling.multiturn_rollout import rollout_episodes  # noqa: E402
+from rlvr_jax.sampling.multiturn_slots import rollout_episodes_on_slots  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -47,6 +55,7 @@ def main():
   ap.add_argument("--hidden", type=int, default=256)
   ap.add_argument("--layers", type=int, default=4)
   ap.add_argument("--chunk-steps", type=int, default=8)
+  ap.add_argument("--slots", default="", help="comma-separated slot counts: lockstep vs slots")
   harness.add_common_args(ap, rounds=5, warmup=1)
   args = ap.parse_args()
   env = harness.environment()
@@ -70,6 +79,8 @@ def main():
   for b, p in enumerate(prompts):
     ids[b, 16 - len(p) :], mask[b, 16 - len(p) :] = p, True
   strategy = Temperature(1.0)
+  if args.slots:
+    return ragged(args, env, tok, config, params, renderer, obs, n_obs, never, strategy)
 
   last = {}  # each contender's last output, checked after the rounds
 
@@ -117,6 +128,53 @@ def main():
     harness.write_json(args.json_out, {
       "settings": vars(args), "obs_tokens": n_obs, "stream_tokens_per_row": total,
       "seconds": samples, "single_over_multi": ratio, "last_multi_metrics": metrics,
+    }, env)  # fmt: skip
+
+
+def ragged(args, env, tok, config, params, renderer, obs, n_obs, never, strategy):
+  """Lockstep against slots on episodes of 1..K turns (see the module docstring)."""
+  B, K, A = args.batch, args.turns, args.action_tokens
+  turns = [1 + (b * 7) % K for b in range(B)]
+  specs = [envs.EnvSpec("scripted", {"num_turns": n, "prompt": "start {seed}", "template": obs})
+           for n in turns]  # fmt: skip
+  total = K * A + (K - 1) * n_obs
+  common = dict(
+    config=config, strategy=strategy, key=jax.random.key(1), seeds=list(range(B)), specs=specs,
+    decode=tok.decode, max_tokens=total, turn_tokens=A, stop_sequences=never, pad_id=tok.pad_id,
+    max_turns=K, chunk_steps=args.chunk_steps, buckets=(16,), obs_buckets=(n_obs,),
+    cache_buckets=(16 + total + A,),
+  )  # fmt: skip
+  last = {}
+  with envs.EnvPool(num_workers=2) as pool:
+    runs = {"lockstep": lambda: last.__setitem__("lockstep", rollout_episodes(params, pool, renderer, **common))}  # fmt: skip
+    for N in (int(n) for n in args.slots.split(",")):
+      runs[f"slots {N}"] = lambda N=N: last.__setitem__(
+        f"slots {N}", rollout_episodes_on_slots(params, pool, renderer, num_slots=N, **common)
+      )
+    samples = harness.interleave(runs, rounds=args.rounds, warmup=args.warmup)
+  ref = last["lockstep"].collate(pad_id=0)
+  n = int(ref["token_mask"].sum())
+  print(f"B={B} turns per episode 1..{K} (mean {np.mean(turns):.2f}) action_tokens={A} "
+        f"obs_tokens={n_obs} stream tokens {n} model D={args.hidden} L={args.layers}")  # fmt: skip
+  base = samples["lockstep"]
+  out = {}
+  for name, times in samples.items():
+    got = last[name].collate(pad_id=0)
+    np.testing.assert_array_equal(got["tokens"], ref["tokens"])  # the same episodes
+    m = last[name].metrics
+    rows = m.get("slots", B)
+    # Slot-steps (row-steps for lockstep) that sampled an action token.
+    useful = got["policy_mask"].sum() / (m["decode_steps"] * rows)
+    ratio = harness.ratio_summary(base, times)
+    out[name] = dict(metrics=m, ratio=ratio)
+    print(f"{name:10s}: median {statistics.median(times):.3f} s  "
+          f"{n / statistics.median(times):.0f} tok/s  x{ratio['median']:.2f} "
+          f"({ratio['min']:.2f}-{ratio['max']:.2f}) of lockstep  useful {useful:.2f}  "
+          f"KV columns {rows} x {m['cache_slots']} = {rows * m['cache_slots']}")  # fmt: skip
+  if args.json_out:
+    harness.write_json(args.json_out, {
+      "settings": vars(args), "turns": turns, "stream_tokens": n, "seconds": samples,
+      "results": out,
     }, env)  # fmt: skip
 
 

@@ -150,6 +150,7 @@ def rollout_episodes(
   threshold = [[] for _ in range(B)]
   stats = {"decode_s": 0.0, "env_wait_s": 0.0, "env_step_s": [], "append_s": 0.0, "turns": 0}
   stats["holes"] = 0
+  stats["decode_steps"] = 0  # decode steps of the whole batch (each one step of every row)
   stats["env_submits"] = 0  # env step batches sent; > turns when some went while decoding went on
 
   def record(host, b, ended_rows, texts):
@@ -207,6 +208,7 @@ def rollout_episodes(
       nxt = after
     steps = int(host.t)
     index += steps
+    stats["decode_steps"] += steps
     stats["holes"] += int(steps * B - host.count.sum())
     stats["decode_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
