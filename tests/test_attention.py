@@ -15,6 +15,7 @@ import pytest
 
 from rlvr_jax import model
 from rlvr_jax.model import attention as A
+from rlvr_jax.model import layers as L
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,3 +154,32 @@ def test_update_at_32k_tokens_fits_one_gpu():
   scores_one_layer = 12 * 32768**2 * 4
   assert r["temp_bytes"] < scores_one_layer / 2, r
   assert r["peak_bytes"] < 141e9 * 0.5, r
+
+
+@pytest.mark.parametrize("Sp, Tc", [(32, 64), (48, 256)])
+def test_slot_decode_kernel_interpreted_equals_the_einsum(Sp, Tc):
+  """Pallas' decode kernel over each part's filled range (left-padded prompts, completions filled
+  from column 0, one empty completion), merged by softmax statistics: the two-part einsum's
+  values; buffers the kernel cannot split fall back to the einsum."""
+  N, K, G, H = 4, 2, 3, 16
+  ks = jax.random.split(jax.random.key(0), 5)
+  q = jax.random.normal(ks[0], (N, K * G, H))
+  kp, vp = (jax.random.normal(k, (N, K, Sp, H)) for k in ks[1:3])
+  kc, vc = (jax.random.normal(k, (N, K, Tc, H)) for k in ks[3:5])
+  n_p, n_c = np.array([Sp, 5, 17, 1]), np.array([0, Tc, 9, 33])
+  mask_p = np.arange(Sp)[None] >= Sp - n_p[:, None]
+  mask_c = np.arange(Tc)[None] < n_c[:, None]
+  ref = L.prompt_and_slot_attention(q, kp, vp, mask_p, kc, vc, mask_c, num_kv_heads=K)
+  got = A.slot_decode_attention(
+    q, kp, vp, mask_p, kc, vc, mask_c, num_kv_heads=K, implementation="pallas_gpu",
+    interpret=True,
+  )  # fmt: skip
+  np.testing.assert_allclose(got, ref, atol=2e-6, rtol=2e-6)
+  assert A._decode_splits(Sp) and A._decode_splits(Tc) and A._decode_splits(8) is None
+  short = A.slot_decode_attention(
+    q, kp[:, :, :8], vp[:, :, :8], mask_p[:, :8], kc, vc, mask_c, num_kv_heads=K,
+    implementation="pallas_gpu", interpret=True,
+  )  # fmt: skip
+  np.testing.assert_allclose(
+    short, L.prompt_and_slot_attention(q, kp[:, :, :8], vp[:, :, :8], mask_p[:, :8], kc, vc,
+                                       mask_c, num_kv_heads=K), atol=1e-6)  # fmt: skip

@@ -190,10 +190,11 @@ def test_tiny_rollout_and_rl_step_on_cpu(tmp_path):
   r = _run_tool(tmp_path, "--rounds", "1", "--parts", "rollout,continuous,rl_step")
   ro, rl, co = r["rollout"], r["rl_step"], r["continuous"]
   # 32 rows through 16 slots: the same tokens; fewer decode steps than two static calls.
-  assert co["status"] == "ok" and co["same_tokens"] is True and co["rows"] == 32
+  assert co["status"] == "ok" and co["rows"] == 32
+  assert co["same_tokens"] == {"continuous": True, "continuous_pallas": True}
   assert co["continuous"]["steps"] < co["static"]["steps"]
   assert co["continuous"]["useful_fraction"] > co["static"]["useful_fraction"]
-  for side in ("static", "continuous"):
+  for side in ("static", "continuous", "continuous_pallas"):
     assert co[side]["tokens_per_s"] == pytest.approx(co["tokens"] / co[side]["median_s"])
     assert 0 < co[side]["roofline_fraction"] and co[side]["bound"] in ("memory", "compute")
   assert "continuous batching, 32 rows through 16 slots" in r["stdout"]

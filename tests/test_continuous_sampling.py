@@ -94,6 +94,28 @@ def test_fewer_slots_waste_fewer_slot_steps(params):
   assert static_useful < 0.25 and useful > 0.6, (static_useful, useful)
 
 
+def test_the_pallas_decode_kernel_samples_the_same_rollout(params, monkeypatch):
+  """``decode_attention='pallas_gpu'`` (the kernel run by Pallas' interpreter on this CPU, over
+  16-token prompts and a 32-column completion buffer) samples the einsum's tokens."""
+  from rlvr_jax.model import attention as attention_lib
+
+  calls = []
+  part = attention_lib._decode_part
+  monkeypatch.setattr(
+    attention_lib, "_decode_part", lambda *a, **k: calls.append(1) or part(*a, **k)
+  )
+  prompts = _prompts(3, seed=21)
+  args = dict(
+    num_samples=2, strategy=COMBINED, key=jax.random.key(2), max_new_tokens=32,
+    stop_tokens=STOPS, phase_steps=0, num_slots=4,
+  )  # fmt: skip
+  einsum = continuous.generate(params, *prompts, config=CONFIG, **args)
+  kernel_config = CONFIG.replace(decode_attention="pallas_gpu")
+  kernel = continuous.generate(params, *prompts, config=kernel_config, **args)
+  assert calls  # traced: the kernel is in the program
+  _assert_same(einsum, kernel)
+
+
 def test_row_budgets_and_the_remax_greedy_row(params):
   """Per-row token budgets (``max_lengths``) end rows as truncated, in both samplers alike;
   per-row temperatures with a greedy last row (ReMax) too."""

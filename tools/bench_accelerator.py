@@ -82,10 +82,10 @@ warmup_s, median_s, min_s, max_s, model_tflops, hardware_tflops, matmul_peak_flo
 matmul_peak_tflops, peak_fraction, peak_memory_bytes (null on CPU), max_rss_bytes, microbatches,
 ours: packed (the layout or false), pack_s}}], rollout: {status, rows, new_tokens, prompt_tokens, group,
 first_call_s, seconds, median_s, tokens_per_s, peak_memory_bytes} | null, continuous: {status,
-rows, slots, prompt_tokens, max_new_tokens, median_length, p99_length, tokens, same_tokens,
-bandwidth_bytes_per_s, matmul_peak_flops, static and continuous: {seconds, median_s,
-tokens_per_s, steps, useful_fraction, bytes, flops, roofline_s, bound, roofline_fraction},
-speedup} | null, rl_step: {status,
+rows, slots, prompt_tokens, max_new_tokens, median_length, p99_length, tokens, same_tokens
+({continuous, continuous_pallas}: bool), bandwidth_bytes_per_s, matmul_peak_flops, static,
+continuous and continuous_pallas: {seconds, median_s, tokens_per_s, steps, useful_fraction,
+bytes, flops, roofline_s, bound, roofline_fraction}, speedup, pallas_over_einsum} | null, rl_step: {status,
 model, prompts, group, new_tokens, export_s, first_step, steps: [{time/...}], median: {time/...},
 peak_memory_bytes} | null, wall_s}.
 
@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -519,7 +520,8 @@ def continuous_worker(spec: dict, channel):
   """Static against continuous batching on long-tailed lengths (``--continuous``): B rows of
   G = 8 samples, lengths imposed as per-row budgets from a log-normal (median, p99), no stop
   token. The static sampler runs the rows in calls of ``slots`` rows (the memory of the slots),
-  the continuous one all rows through ``slots`` slots; both give the same tokens."""
+  the continuous one all rows through ``slots`` slots, with the einsum decode attention and with
+  Pallas' decode kernel (``decode_attention='pallas_gpu'``); all give the same tokens."""
   import jax
   import numpy as np
   from bench_continuous import synthetic_lengths
@@ -547,28 +549,32 @@ def continuous_worker(spec: dict, channel):
       ).tokens)  # fmt: skip
     return jax.block_until_ready(out)
 
-  def slotted(budgets):
+  def slotted(budgets, decode_attention="xla"):
     out, stats = continuous.generate(
       params, ids, np.ones(ids.shape, bool), key=jax.random.key(0), num_slots=slots,
-      max_lengths=budgets, with_stats=True, **kw,
+      max_lengths=budgets, with_stats=True,
+      **dict(kw, config=cfg.replace(decode_attention=decode_attention)),
     )  # fmt: skip
     return jax.block_until_ready(out.tokens), stats
 
-  # Compile both with 2-token budgets (the budgets are traced: the same programs).
+  runs = {"static": static, "continuous": slotted,
+          "continuous_pallas": functools.partial(slotted, decode_attention="pallas_gpu")}  # fmt: skip
+  # Compile each with 2-token budgets (the budgets are traced: the same programs).
   first = {
-    "static": harness.timed(lambda: static(np.full(rows, 2, np.int32)), block=False)[0],
-    "continuous": harness.timed(lambda: slotted(np.full(rows, 2, np.int32)), block=False)[0],
+    name: harness.timed(lambda fn=fn: fn(np.full(rows, 2, np.int32)), block=False)[0]
+    for name, fn in runs.items()
   }
-  seconds = {"static": [], "continuous": []}
-  same, stats = None, None
+  seconds = {name: [] for name in runs}
+  same, stats = {}, None
   while len(seconds["static"]) < spec["rounds"] and (
     not seconds["static"] or time.time() < spec["stop_at"]):  # fmt: skip
     t, a = harness.timed(lambda: static(lengths), block=False)
     seconds["static"].append(t)
-    t, (b, stats) = harness.timed(lambda: slotted(lengths), block=False)
-    seconds["continuous"].append(t)
-    if same is None:
-      same = bool(np.array_equal(np.concatenate([np.asarray(x) for x in a]), np.asarray(b)))
+    a = np.concatenate([np.asarray(x) for x in a])
+    for name in ("continuous", "continuous_pallas"):
+      t, (b, stats) = harness.timed(lambda name=name: runs[name](lengths), block=False)
+      seconds[name].append(t)
+      same.setdefault(name, bool(np.array_equal(a, np.asarray(b))))
   bandwidth, peak = device_bandwidth(), harness.matmul_peak(spec["peak_n"], dtype="bfloat16")
   static_steps = sum(int(lengths[c * group:(c + per_call) * group].max()) - 1
                      for c in range(0, rows // group, per_call))  # fmt: skip
@@ -578,7 +584,9 @@ def continuous_worker(spec: dict, channel):
          "p99_length": float(np.percentile(lengths, 99)), "tokens": tokens, "same_tokens": same,
          "first_call_s": first, "bandwidth_bytes_per_s": bandwidth, "matmul_peak_flops": peak,
          "peak_memory_bytes": _jax_peak_memory()}  # fmt: skip
-  for name, steps in (("static", static_steps), ("continuous", stats["steps"])):
+  steps_of = {"static": static_steps, "continuous": stats["steps"],
+              "continuous_pallas": stats["steps"]}  # fmt: skip
+  for name, steps in steps_of.items():
     med = statistics.median(seconds[name])
     useful = (tokens - rows) / (steps * slots)
     roof = decode_roofline(cfg, prompt=prompt, lengths=lengths, steps=steps, bandwidth=bandwidth,
@@ -587,6 +595,9 @@ def continuous_worker(spec: dict, channel):
                  "steps": steps, "useful_fraction": useful, **roof,
                  "roofline_fraction": roof["roofline_s"] / med}  # fmt: skip
   out["speedup"] = out["continuous"]["tokens_per_s"] / out["static"]["tokens_per_s"]
+  out["pallas_over_einsum"] = (
+    out["continuous_pallas"]["tokens_per_s"] / out["continuous"]["tokens_per_s"]
+  )
   channel.send(out)
 
 
@@ -825,11 +836,12 @@ def markdown(report: dict) -> str:
       "| sampler | tokens/s | useful fraction | decode steps | % of roofline (bound) |\n"
       "|---|---|---|---|---|"
     )
-    for name in ("static", "continuous"):
+    for name in ("static", "continuous", "continuous_pallas"):
       r = co[name]
       lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {r['useful_fraction']:.2f} | "
                    f"{r['steps']} | {100 * r['roofline_fraction']:.0f}% ({r['bound']}) |")  # fmt: skip
-    lines.append(f"speed-up (useful tokens/s): {co['speedup']:.2f}x")
+    lines.append(f"speed-up (useful tokens/s): {co['speedup']:.2f}x; Pallas decode kernel / "
+                 f"einsum: {co['pallas_over_einsum']:.2f}x")  # fmt: skip
   elif co:
     lines.append(f"\ncontinuous: {co.get('status')}: {co.get('error', '')[:200]}")
   rl = report.get("rl_step") or {}

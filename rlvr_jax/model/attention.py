@@ -303,3 +303,64 @@ _IMPLS = {
   "splash": _splash,
   "ring": _ring,
 }
+
+
+def _decode_splits(S: int) -> int | None:
+  """The most key splits (of 16, 8, 4, 2, 1) Pallas' decode kernel can cut S keys into: S / k
+  >= 16 tokens each, and a whole number of its 128-key blocks when longer than one block; None
+  when there is none (the einsum is used)."""
+  for k in (16, 8, 4, 2, 1):
+    split = S // k
+    if S % k == 0 and split >= 16 and (split <= 128 or split % 128 == 0):
+      return k
+  return None
+
+
+def _decode_part(q, k, v, start, end, *, interpret):
+  """Pallas' Triton decode attention of one query per row over keys [start, end) of k / v
+  ([N, K, S, H]): the unnormalised output [N, N_h, H] float32, its softmax sum l and max m
+  ([N, N_h]); an empty range gives o = l = 0."""
+  from jax.experimental.pallas.ops.gpu import decode_attention
+
+  o, (sums, maxes) = decode_attention.gqa(
+    q, k.swapaxes(1, 2), v.swapaxes(1, 2), start_idx=start, kv_seq_len=end,
+    k_splits=_decode_splits(k.shape[2]), return_residuals=True, normalize_output=False,
+    interpret=interpret,
+  )  # fmt: skip
+  return o.astype(jnp.float32), sums, maxes
+
+
+def slot_decode_attention(
+  q, kp, vp, mask_p, kc, vc, mask_c, *, num_kv_heads: int, implementation: str = "auto",
+  interpret: bool | None = None,
+):  # fmt: skip
+  """``layers.prompt_and_slot_attention`` (one query per slot over its prompt's keys and its own
+  completion's), by implementation (``ModelConfig.decode_attention``).
+
+  ``pallas_gpu`` runs Pallas' decode kernel once per part over the part's filled range only
+  (the prompt is left-padded: keys [S_p - sum(mask_p), S_p); the completion fills columns from
+  0: [0, sum(mask_c))), so it reads the filled keys instead of the whole buffers; the two parts'
+  outputs are merged by their softmax statistics: with M = max(m_p, m_c),
+  o = (o_p e^(m_p - M) + o_c e^(m_c - M)) / (l_p e^(m_p - M) + l_c e^(m_c - M)).
+  Buffers the kernel cannot split (fewer than 16 keys, or not a whole number of blocks) fall
+  back to the einsum. ``interpret``: run the kernel in Pallas' interpreter (default: on CPU,
+  where there is no Triton; this is how the tests run it).
+  """
+  Sp, Tc = kp.shape[2], kc.shape[2]
+  use = implementation if implementation != "auto" else "xla"
+  if use == "xla" or _decode_splits(Sp) is None or _decode_splits(Tc) is None:
+    return L.prompt_and_slot_attention(q, kp, vp, mask_p, kc, vc, mask_c, num_kv_heads=num_kv_heads)
+  if use != "pallas_gpu":
+    raise ValueError(f"unknown decode attention {implementation!r}")
+  n_p = jnp.sum(mask_p, axis=1, dtype=jnp.int32)
+  n_c = jnp.sum(mask_c, axis=1, dtype=jnp.int32)
+  if interpret is None:
+    interpret = jax.default_backend() == "cpu"
+  part = functools.partial(_decode_part, q, interpret=interpret)
+  o_p, l_p, m_p = part(kp, vp, Sp - n_p, jnp.full_like(n_p, Sp))
+  o_c, l_c, m_c = part(kc, vc, jnp.zeros_like(n_c), n_c)
+  M = jnp.maximum(m_p, m_c)
+  a_p, a_c = jnp.exp(m_p - M), jnp.exp(m_c - M)
+  denom = l_p * a_p + l_c * a_c
+  out = (o_p * a_p[..., None] + o_c * a_c[..., None]) / jnp.maximum(denom, 1e-30)[..., None]
+  return out.astype(q.dtype)

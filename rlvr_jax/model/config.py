@@ -27,6 +27,11 @@ SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2",
 # ``ModelConfig.attention``: how the no-cache forward (training, scoring, prefill) computes its
 # causal self-attention (``rlvr_jax.model.attention``). "auto" picks per platform.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "pallas_gpu", "splash", "ring")
+# ``ModelConfig.decode_attention``: the decode attention of the continuous sampler's slots
+# (``rlvr_jax.model.attention.slot_decode_attention``): "xla" the einsum over the whole buffers,
+# "pallas_gpu" Pallas' Triton decode kernel over each row's filled range; "auto" = "xla" (the
+# kernel is chosen by measurement: ``tools/bench_accelerator.py --parts continuous``).
+DECODE_ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "pallas_gpu")
 
 # The config.json fields of a few public checkpoints, for benchmarks and memory analyses with
 # random weights at the real shapes (no download): ``ModelConfig.from_hf_dict(HF_CONFIGS[name])``.
@@ -105,6 +110,8 @@ class ModelConfig:
       "cudnn" / "pallas_gpu" GPU kernels, "splash" the TPU kernel, "ring" context parallelism
       over the mesh axis "context"; "auto" picks per platform. The decode path (KV cache)
       always uses ``layers.cached_attention``.
+    decode_attention: the decode attention of the continuous sampler's slots, one of
+      ``DECODE_ATTENTION_IMPLEMENTATIONS``.
     family: "llama", "qwen2" or "qwen3" (used when exporting a config.json).
   """
 
@@ -130,6 +137,7 @@ class ModelConfig:
   remat: bool = False
   family: str = "llama"
   attention: str = "auto"
+  decode_attention: str = "auto"
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -145,6 +153,11 @@ class ModelConfig:
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(
         f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}"
+      )
+    if self.decode_attention not in DECODE_ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(
+        f"decode_attention must be one of {DECODE_ATTENTION_IMPLEMENTATIONS}, "
+        f"got {self.decode_attention!r}"
       )
     if self.family not in ("llama", "qwen2", "qwen3"):
       raise UnsupportedModelError(f"unknown family {self.family!r}")

@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.model import attention as attention_lib
 from rlvr_jax.model import layers as L
 from rlvr_jax.model import lora
 from rlvr_jax.model.attention import segment_ids_from_positions, self_attention
@@ -416,9 +417,9 @@ def decode_slots(
     ck = _scatter_columns(ck, k[:, 0].astype(ck.dtype), columns)
     cv = _scatter_columns(cv, v[:, 0].astype(cv.dtype), columns)
     dt = q.dtype
-    attn = L.prompt_and_slot_attention(
+    attn = attention_lib.slot_decode_attention(
       q[:, 0], pk.astype(dt), pv.astype(dt), mask_p, ck.astype(dt), cv.astype(dt), mask_c,
-      num_kv_heads=K,
+      num_kv_heads=K, implementation=config.decode_attention,
     )  # fmt: skip
     x = _block_tail(lp, x, attn[:, None], config)
     new_k.append(ck)

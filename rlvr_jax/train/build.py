@@ -35,6 +35,7 @@ def build_model(c, *, vocab_size: int | None = None, eos_id: int | None = None, 
       compute_dtype=m.compute_dtype,
       remat=m.remat,
       attention=m.attention,
+      decode_attention=m.decode_attention,
     )
     return model.init_params(cfg, jax.random.key(c.seed)), cfg, None
   if m.source == "smollm2":
@@ -47,7 +48,10 @@ def build_model(c, *, vocab_size: int | None = None, eos_id: int | None = None, 
 
 def _runtime_fields(m) -> dict:
   """The ``ModelConfig`` fields a run sets on a loaded checkpoint's config (not read from it)."""
-  return dict(remat=m.remat, compute_dtype=m.compute_dtype, attention=m.attention)
+  return dict(
+    remat=m.remat, compute_dtype=m.compute_dtype, attention=m.attention,
+    decode_attention=m.decode_attention,
+  )  # fmt: skip
 
 
 def build_tokenizer_and_model(c):

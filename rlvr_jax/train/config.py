@@ -115,6 +115,9 @@ def base_config() -> ConfigDict:
       # Self-attention of the update and scoring passes (rlvr_jax.model.attention): 'auto' picks
       # per platform (cuDNN on GPU, splash on TPU, the einsum or blockwise on CPU).
       attention="auto",
+      # Decode attention of the continuous sampler's slots: 'xla' (einsum), 'pallas_gpu' (Pallas'
+      # decode kernel over the filled keys only); 'auto' = 'xla'.
+      decode_attention="auto",
       hidden_size=64,
       intermediate_size=256,
       num_layers=2,
@@ -379,6 +382,11 @@ def validate(c) -> None:
     c.model.attention in model_config_lib.ATTENTION_IMPLEMENTATIONS,
     "model.attention",
     f"{c.model.attention!r} not in {model_config_lib.ATTENTION_IMPLEMENTATIONS}",
+  )
+  _need(
+    c.model.decode_attention in model_config_lib.DECODE_ATTENTION_IMPLEMENTATIONS,
+    "model.decode_attention",
+    f"{c.model.decode_attention!r} not in {model_config_lib.DECODE_ATTENTION_IMPLEMENTATIONS}",
   )
   _need(c.tokenizer.kind in ("char", "model"), "tokenizer.kind", f"{c.tokenizer.kind!r}")
   _need(

@@ -39,6 +39,7 @@ NON_DEFINING = (
   "compilation.",
   "sampling.engine",
   "sampling.num_slots",
+  "model.decode_attention",
   "eval.every",
   "eval.batch_size",
   "reward.num_workers",
