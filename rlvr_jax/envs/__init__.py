@@ -17,7 +17,7 @@ Typical use (``play_episodes`` runs this loop; the sampler's continuation follow
 
 from rlvr_jax.envs.builtin import GuessNumberEnv, QuestionEnv, ScriptedEnv
 from rlvr_jax.envs.episode import Episode, Turn, collate
-from rlvr_jax.envs.play import play_episodes
+from rlvr_jax.envs.play import play_episodes, reset_episodes
 from rlvr_jax.envs.pool import EnvPool
 from rlvr_jax.envs.protocol import (
   CAUSES,
@@ -62,4 +62,5 @@ __all__ = [
   "make_env",
   "parse_tool_call",
   "play_episodes",
+  "reset_episodes",
 ]

@@ -28,6 +28,19 @@ PolicyFn = Callable[
 ]
 
 
+def reset_episodes(pool, renderer, seeds, specs=None, *, max_tokens: int, max_turns=None):
+  """Resets one environment per seed and opens its ``Episode`` on the rendered first observation
+  (an episode whose reset failed is marked failed, with an empty prompt)."""
+  episodes = []
+  for start in pool.reset(seeds, specs):
+    prompt = [] if start.failed else renderer.prompt_ids(start.observation)
+    episode = Episode(prompt, max_tokens=max_tokens, max_turns=max_turns)
+    if start.failed:
+      episode.fail(start.failure)
+    episodes.append(episode)
+  return episodes
+
+
 def play_episodes(
   pool: EnvPool,
   renderer,
@@ -54,14 +67,9 @@ def play_episodes(
     max_tokens: stream budget after the prompt (context limit).
     max_turns: turn limit.
   """
-  starts = pool.reset(seeds, specs)
-  episodes = []
-  for start in starts:
-    prompt = [] if start.failed else renderer.prompt_ids(start.observation)
-    episode = Episode(prompt, max_tokens=max_tokens, max_turns=max_turns)
-    if start.failed:
-      episode.fail(start.failure)
-    episodes.append(episode)
+  episodes = reset_episodes(
+    pool, renderer, seeds, specs, max_tokens=max_tokens, max_turns=max_turns
+  )
   eos = set(eos_ids)
   while True:
     live = [b for b, e in enumerate(episodes) if not e.done]

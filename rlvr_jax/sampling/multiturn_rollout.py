@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from rlvr_jax.envs import EnvPool, Episode, collate
+from rlvr_jax.envs import EnvPool, Episode, collate, reset_episodes
 from rlvr_jax.model import ModelConfig, compute_params, unstack_layers, with_unembed
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling import multiturn as mt
@@ -124,14 +124,9 @@ def rollout_episodes(
   """
   t_start = time.perf_counter()
   B = len(seeds)
-  starts = pool.reset(seeds, specs)
-  episodes = []
-  for start in starts:
-    prompt = [] if start.failed else renderer.prompt_ids(start.observation)
-    episode = Episode(prompt, max_tokens=max_tokens, max_turns=max_turns)
-    if start.failed:
-      episode.fail(start.failure)
-    episodes.append(episode)
+  episodes = reset_episodes(
+    pool, renderer, seeds, specs, max_tokens=max_tokens, max_turns=max_turns
+  )
   prompt_ids = np.arange(B) if prompt_ids is None else np.asarray(prompt_ids)
   sample_ids = np.zeros(B) if sample_ids is None else np.asarray(sample_ids)
   row_keys = keys_lib.row_keys(

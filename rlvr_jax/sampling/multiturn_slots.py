@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax.envs import EnvPool, Episode
+from rlvr_jax.envs import EnvPool, reset_episodes
 from rlvr_jax.model import (
   KVCache,
   ModelConfig,
@@ -298,14 +298,9 @@ def rollout_episodes_on_slots(
     raise ValueError(
       f"need >= 1 slot, turn token and chunk step: {N}, {turn_tokens}, {chunk_steps}"
     )
-  starts = pool.reset(seeds, specs)
-  episodes = []
-  for start in starts:
-    prompt = [] if start.failed else renderer.prompt_ids(start.observation)
-    episode = Episode(prompt, max_tokens=max_tokens, max_turns=max_turns)
-    if start.failed:
-      episode.fail(start.failure)
-    episodes.append(episode)
+  episodes = reset_episodes(
+    pool, renderer, seeds, specs, max_tokens=max_tokens, max_turns=max_turns
+  )
   prompt_ids = np.arange(B) if prompt_ids is None else np.asarray(prompt_ids)
   sample_ids = np.zeros(B) if sample_ids is None else np.asarray(sample_ids)
   key_data = np.asarray(jax.random.key_data(keys_lib.row_keys(
