@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlvr_jax import advantages as adv
 from rlvr_jax.advantages import segments as seg
 
 # One row of 7 completion tokens; pi_old of the sampled tokens. Cutpoints (< 0.9): t = 1, 3, 4, 6.
@@ -167,3 +168,24 @@ def test_r3l_soft_baseline_against_float64():
   np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5)
   # The soft baseline is at least the mean: fewer scores are amplified.
   assert (b[:, 0] >= r.mean(1) - 1e-12).all()
+
+
+def test_spo_chain_estimator_golden():
+  """The registered ``spo_chain``: rewards [P, G] flattened, a row whose reward failed (or is
+  invalid) gets 0, the probability mask on or off. Row 0: segments [0, 0, 1, 1], V = (0.5, 0.25)
+  then R = 1: advantages -0.25 on segment 0, 0.75 on segment 1; cutpoints at tokens 1 and 2."""
+  rewards = jnp.array([[1.0, jnp.nan]])
+  values = jnp.array([[0.5, 0.25], [0.5, 0.0]])
+  seg = jnp.array([[0, 0, 1, 1], [0, 0, 0, -1]])
+  nseg = jnp.array([2, 1])
+  cut = jnp.array([[False, True, True, False], [True, True, True, False]])
+  spec = adv.get_estimator("spo_chain")
+  assert spec.level == "token" and spec.hyperparameters() == {"use_prob_mask": True}
+  full = adv.spo_chain_token_advantages(rewards, values, seg, nseg, cut, use_prob_mask=False)
+  np.testing.assert_allclose(full, [[-0.25, -0.25, 0.75, 0.75], [0, 0, 0, 0]])
+  masked = adv.spo_chain_token_advantages(rewards, values, seg, nseg, cut)
+  np.testing.assert_allclose(masked, [[0, -0.25, 0.75, 0], [0, 0, 0, 0]])
+  invalid = adv.spo_chain_token_advantages(
+    rewards, values, seg, nseg, cut, valid=jnp.array([[False, True]])
+  )
+  np.testing.assert_allclose(invalid, 0.0)

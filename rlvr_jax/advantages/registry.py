@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from rlvr_jax.advantages import group, passk, riskpo, token_level
+from rlvr_jax.advantages import group, passk, riskpo, segments, token_level
 
 # The inputs an estimator may read, with their shapes. ``valid`` ([P, G] bool, False where the
 # reward failed) is always passed and is not listed.
@@ -39,6 +39,11 @@ READS = {
   "reward_components": "[P, G, K] float32 reward components before they are summed",
   "turn_rewards": "[B, K] float32 per-turn rewards of multi-turn episodes (NaN = missing turn)",
   "turn_index": "[B, T] int32 turn k (1-based) of each action token, 0 on observations/padding",
+  "segment_values": "[B, M] float32 SPO values: the prompt's, then the Monte Carlo value of the "
+  "prefix before each segment (the collector's branch round)",
+  "segment_ids": "[B, T] int32 SPO segment of each completion token (-1 off the mask)",
+  "num_segments": "[B] int32 SPO segments per row",
+  "spo_cutpoints": "[B, T] bool completion tokens with pi_old(y_t) < spo.prob_threshold",
 }
 LEVELS = ("sequence", "token")
 
@@ -243,6 +248,14 @@ for _spec in (
     token_level.reinforce_plus_plus_baseline_advantages,
     **_TOKEN,
     paper="arXiv 2501.03262",
+  ),  # fmt: skip
+  EstimatorSpec(
+    "spo_chain",
+    segments.spo_chain_token_advantages,
+    level="token",
+    reads=("rewards", "segment_values", "segment_ids", "num_segments", "spo_cutpoints"),
+    static=("use_prob_mask",),
+    paper="arXiv 2505.23564",
   ),  # fmt: skip
   EstimatorSpec(
     "gae",

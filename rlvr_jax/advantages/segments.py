@@ -173,6 +173,42 @@ def spo_chain_advantages(
   return jnp.where(keep, adv, 0.0)
 
 
+def spo_chain_token_advantages(
+  rewards: jax.Array,
+  segment_values: jax.Array,
+  segment_ids: jax.Array,
+  num_segments: jax.Array,
+  spo_cutpoints: jax.Array,
+  *,
+  valid: jax.Array | None = None,
+  use_prob_mask: bool = True,
+) -> jax.Array:
+  """SPO-chain as a registered estimator (``rl.advantage='spo_chain'``, Guo et al., arXiv
+  2505.23564): ``spo_chain_advantages`` on the collector's branch round.
+
+  A_{b,t} = V_{b,s+1} - V_{b,s} for token t of segment s (V_{b,n_b} = R_b), on the cutpoint
+  tokens only with ``use_prob_mask`` (the paper's probability mask), 0 elsewhere and on rows
+  whose reward failed.
+
+  Args:
+    rewards: [P, G] (NaN = failed); valid: [P, G] bool (False rows get 0).
+    segment_values: [B, M] V_{b,s}, the prompt's value for s = 0 and the Monte Carlo value of the
+      prefix before segment s for 0 < s < n_b (``train/branching.py``).
+    segment_ids, num_segments, spo_cutpoints: ``spo_segments``' [B, T] and [B], and the [B, T]
+      cutpoints (``spo_cutpoints``) they were cut at.
+  Returns:
+    [B, T] float32.
+  """
+  common.check_rank("rewards", rewards, 2, "P, G")
+  flat = rewards.reshape(-1).astype(jnp.float32)
+  if valid is not None:
+    flat = jnp.where(valid.reshape(-1), flat, jnp.nan)
+  return spo_chain_advantages(
+    segment_values, flat, segment_ids, num_segments,
+    cutpoints=spo_cutpoints if use_prob_mask else None,
+  )  # fmt: skip
+
+
 @pytree_dataclass
 class SegmentTree:
   """Nodes of rollout trees, each a segment of one sequence (R nodes, a forest: one tree per

@@ -170,6 +170,10 @@ def base_config() -> ConfigDict:
       humaneval=dict(path="", style="completion"),
     )
   )
+  # SPO-chain's branch round (rl.advantage='spo_chain', train/branching.py): a segment starts at
+  # every cutpoint_interval-th token with pi_old < prob_threshold (at most max_segments per row);
+  # num_branches continuations of each segment's prefix give its Monte Carlo value.
+  c.spo = ConfigDict(dict(num_branches=4, cutpoint_interval=2, max_segments=4, prob_threshold=0.9))
   c.warm_start = ConfigDict(
     dict(
       num_steps=0,
@@ -388,6 +392,10 @@ def validate(c) -> None:
     "model.decode_attention",
     f"{c.model.decode_attention!r} not in {model_config_lib.DECODE_ATTENTION_IMPLEMENTATIONS}",
   )
+  for name in ("num_branches", "cutpoint_interval", "max_segments"):
+    _need(c.spo[name] >= 1, f"spo.{name}", f"must be >= 1, got {c.spo[name]}")
+  _need(0 < c.spo.prob_threshold <= 1, "spo.prob_threshold", f"must be in (0, 1], got "
+        f"{c.spo.prob_threshold}")  # fmt: skip
   _need(c.tokenizer.kind in ("char", "model"), "tokenizer.kind", f"{c.tokenizer.kind!r}")
   _need(
     c.model.source == "tiny" or c.tokenizer.kind == "model",

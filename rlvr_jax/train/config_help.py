@@ -43,6 +43,11 @@ FIELD_HELP: dict[str, str] = {
   "lora.alpha": "LoRA scale: the update is (alpha / r) A @ B (0 = 2 x rank)",
   "lora.targets": "projections given adapters, comma-separated of q,k,v,o,gate,up,down",
   "lora.int8_base": "store the frozen base's projections as int8 (per output channel)",
+  # SPO-chain's branch round (train/branching.py)
+  "spo.num_branches": "SPO: continuations sampled from each segment's prefix (its Monte Carlo value)",
+  "spo.cutpoint_interval": "SPO: a segment starts at every K-th cutpoint (token with pi_old < threshold)",
+  "spo.max_segments": "SPO: most segments per completion (later cutpoints stay in the last one)",
+  "spo.prob_threshold": "SPO: a token is a cutpoint when the sampler's probability is below this",
   # tokenizer
   "tokenizer.kind": "'char' (one token per character, tiny models) or the model's own tokenizer",
   "tokenizer.alphabet": "characters of the 'char' tokenizer (plus its special tokens)",

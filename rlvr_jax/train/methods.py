@@ -20,7 +20,9 @@ from rlvr_jax.rewards.registry import import_reward
 # token rewards of the implicit PRM when ``implicit_prm.enabled`` (the config ties the two).
 PROVIDED_READS = frozenset(
   {"rewards", "completion_mask", "answer_ids", "greedy_rewards", "reward_components",
-   "token_rewards", "prm_token_rewards", "completion_tokens"}
+   "token_rewards", "prm_token_rewards", "completion_tokens",
+   # SPO's branch round (train/branching.py): segments and the Monte Carlo values of prefixes
+   "segment_values", "segment_ids", "num_segments", "spo_cutpoints"}
 )  # fmt: skip
 # What the multi-turn (episode) collector hands an estimator: the episode returns [P, G], the
 # action-token mask, each turn's reward [B, K] and each token's turn [B, T] (``train/multiturn``).

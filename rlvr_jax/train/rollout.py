@@ -39,8 +39,8 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
+from rlvr_jax.train import branching, methods, reward_results
 from rlvr_jax.train import config as config_lib
-from rlvr_jax.train import methods, reward_results
 from rlvr_jax.train import model_rewards as model_rewards_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -324,6 +324,12 @@ class Collector:
       rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
       zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
       row_inputs = _row_inputs(result, reads, P * G_gen)
+      if branching.READS & set(reads):  # SPO: Monte Carlo values of prefixes (train/branching)
+        spo_inputs, spo_metrics = branching.segment_values(
+          self, params, host, rewards, records, texts, key=jax.random.fold_in(key, 7919 + n)
+        )
+        row_inputs.update(spo_inputs)
+        metrics.update(spo_metrics)
       if "prm_logp" in scores:  # the implicit PRM's token rewards (train/implicit_prm.py)
         row_inputs["prm_token_rewards"] = np.asarray(
           adv_lib.implicit_process_rewards(
@@ -443,7 +449,7 @@ class Collector:
     if "greedy_rewards" in reads:
       greedy_rewards = np.array([g["greedy_reward"] for g in groups], np.float32)
       inputs["greedy_rewards"] = greedy_rewards
-    for k in ("reward_components", "token_rewards", "prm_token_rewards"):
+    for k in ("reward_components", "token_rewards", "prm_token_rewards", *sorted(branching.READS)):
       if k in reads:
         v = np.concatenate([g["inputs"][k] for g in groups], axis=0)
         inputs[k] = v.reshape(*rewards.shape, -1) if k == "reward_components" else v
