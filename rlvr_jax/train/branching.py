@@ -1,4 +1,4 @@
-"""The branch round of SPO-chain (``rl.advantage='spo_chain'``): Monte Carlo values of prefixes.
+"""The branch round of SPO-chain: Monte Carlo values of prefixes, for estimators reading them.
 
 SPO (Segment Policy Optimization, Guo et al., arXiv 2505.23564) credits a completion segment by
 segment (``advantages.segments``). After a rollout batch is sampled and rewarded, the collector

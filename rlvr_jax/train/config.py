@@ -18,6 +18,7 @@ import inspect
 from ml_collections import ConfigDict, config_dict
 
 from rlvr_jax import advantages, losses
+from rlvr_jax.data import hints as hints_lib
 from rlvr_jax.losses import CommonOptions
 from rlvr_jax.model import config as model_config_lib
 from rlvr_jax.train import (
@@ -170,10 +171,22 @@ def base_config() -> ConfigDict:
       humaneval=dict(path="", style="completion"),
     )
   )
-  # SPO-chain's branch round (rl.advantage='spo_chain', train/branching.py): a segment starts at
-  # every cutpoint_interval-th token with pi_old < prob_threshold (at most max_segments per row);
-  # num_branches continuations of each segment's prefix give its Monte Carlo value.
+  # SPO-chain's branch round (train/branching.py; for estimators that read segment values): a
+  # segment starts at every cutpoint_interval-th token with pi_old < prob_threshold (at most
+  # max_segments per row); num_branches continuations of its prefix give its Monte Carlo value.
   c.spo = ConfigDict(dict(num_branches=4, cutpoint_interval=2, max_segments=4, prob_threshold=0.9))
+  # GHPO's guided hints (train/hints_round.py): a group whose every rollout failed is sampled
+  # again with the start of the record's reference solution (record[field]) in its prompt, at
+  # the next of `fractions` (of its words, or tokens with unit='tokens') while it still fails.
+  c.hints = ConfigDict(
+    dict(
+      enabled=False,
+      field="solution",
+      unit="words",
+      marker=hints_lib.DEFAULT_MARKER,
+      fractions=hints_lib.HINT_FRACTIONS,
+    )  # fmt: skip
+  )
   c.warm_start = ConfigDict(
     dict(
       num_steps=0,
@@ -392,6 +405,13 @@ def validate(c) -> None:
     "model.decode_attention",
     f"{c.model.decode_attention!r} not in {model_config_lib.DECODE_ATTENTION_IMPLEMENTATIONS}",
   )
+  fr = tuple(c.hints.fractions)
+  _need(len(fr) > 0 and all(0 <= a < b <= 1 for a, b in zip((0,) + fr[:-1], fr, strict=True)), "hints.fractions",
+        f"must increase within (0, 1], got {fr}")  # fmt: skip
+  _need(
+    c.hints.unit in ("words", "tokens"), "hints.unit", f"'words' or 'tokens', got {c.hints.unit!r}"
+  )
+  _need(bool(c.hints.field), "hints.field", "the record field with the reference solution")
   for name in ("num_branches", "cutpoint_interval", "max_segments"):
     _need(c.spo[name] >= 1, f"spo.{name}", f"must be >= 1, got {c.spo[name]}")
   _need(0 < c.spo.prob_threshold <= 1, "spo.prob_threshold", f"must be in (0, 1], got "

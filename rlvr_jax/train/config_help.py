@@ -43,6 +43,12 @@ FIELD_HELP: dict[str, str] = {
   "lora.alpha": "LoRA scale: the update is (alpha / r) A @ B (0 = 2 x rank)",
   "lora.targets": "projections given adapters, comma-separated of q,k,v,o,gate,up,down",
   "lora.int8_base": "store the frozen base's projections as int8 (per output channel)",
+  # GHPO's guided hints (train/hints_round.py)
+  "hints.enabled": "GHPO: sample groups with no success again, hinted with a reference solution's start",
+  "hints.field": "GHPO: the record field holding the reference solution",
+  "hints.unit": "GHPO: hint fractions count the solution's 'words' or tokenizer 'tokens'",
+  "hints.marker": "GHPO: text between the prompt and the hint",
+  "hints.fractions": "GHPO: the share of the solution given at each stage (increasing)",
   # SPO-chain's branch round (train/branching.py)
   "spo.num_branches": "SPO: continuations sampled from each segment's prefix (its Monte Carlo value)",
   "spo.cutpoint_interval": "SPO: a segment starts at every K-th cutpoint (token with pi_old < threshold)",

@@ -39,7 +39,7 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
-from rlvr_jax.train import branching, methods, reward_results
+from rlvr_jax.train import branching, hints_round, methods, reward_results
 from rlvr_jax.train import config as config_lib
 from rlvr_jax.train import model_rewards as model_rewards_lib
 from rlvr_jax.train import step as step_lib
@@ -274,87 +274,23 @@ class Collector:
 
   def _collect(self, params, key, ref_params, need_old, adv_state, prm_params=None):
     c = self.c
-    P, G = c.rl.prompts_per_step, c.sampling.num_samples
-    reads = self.estimator.reads
-    greedy_row = "greedy_rewards" in reads
-    G_gen = G + 1 if greedy_row else G  # rows generated per prompt (+ a greedy row to score)
+    P = c.rl.prompts_per_step
     refill = c.rl.zero_variance == "refill"
     rounds = c.rl.max_gen_batches if refill else 1
     groups, spare, metrics = [], [], {"time/sample": 0.0, "time/reward": 0.0}
     reward_metrics = []
+    scoring = dict(ref_params=ref_params, need_old=need_old, prm_params=prm_params)
     for n in range(rounds):
       records = self.source.take(P)  # this process's share of the P prompts
-      t0 = time.perf_counter()
-      texts, rollout = self._sample_local(
-        params, records, key=jax.random.fold_in(key, n), greedy_row=greedy_row
+      texts, round_groups = self._round(
+        params, records, jax.random.fold_in(key, n), P, metrics, reward_metrics, **scoring
       )
-      jax.block_until_ready(rollout.tokens)
-      t1 = time.perf_counter()
-      metrics["time/sample"] += t1 - t0
-      completions, future = self._submit_local(texts, records, rollout, G_gen, P)
-      # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
-      answers = [r.get("answer", "") for r in records for _ in range(G_gen)]
-      scores = self.layout.gather_rollout(
-        self._scores(
-          params,
-          ref_params,
-          rollout,
-          need_old=need_old,
-          prm_params=prm_params,
-          answers=answers,
-          rows_per_prompt=G_gen,
+      if c.hints.enabled:  # GHPO: failed groups again with hints (train/hints_round.py)
+        round_groups = hints_round.hinted_groups(
+          self, params, records, round_groups, key=jax.random.fold_in(key, 104729 + n),
+          metrics=metrics, reward_metrics=reward_metrics, **scoring,
         )  # fmt: skip
-      )
-      result = future.result()
-      metrics["time/reward"] += time.perf_counter() - t1
-      reward_metrics.append(result.metrics)
-      reward_results.log_reward_failures(result)
-      host = jax.tree.map(np.asarray, rollout)
-      scores = {k: np.asarray(v) for k, v in scores.items()}
-      rewards = result.rewards.reshape(P, G_gen)
-      if "model_reward" in scores:  # R = R_host + w R_model (or w R_model with replace)
-        rewards, model_metrics = model_rewards_lib.apply(
-          scores, result.rewards, self.c.model_reward
-        )
-        rewards = rewards.reshape(P, G_gen)
-        reward_metrics[-1] = {**reward_metrics[-1], **model_metrics}
-      correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
-      correct = correct.reshape(P, G_gen)
-      greedy = rewards[:, G] if greedy_row else np.full(P, np.nan, np.float32)
-      rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
-      zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
-      row_inputs = _row_inputs(result, reads, P * G_gen)
-      if branching.READS & set(reads):  # SPO: Monte Carlo values of prefixes (train/branching)
-        spo_inputs, spo_metrics = branching.segment_values(
-          self, params, host, rewards, records, texts, key=jax.random.fold_in(key, 7919 + n)
-        )
-        row_inputs.update(spo_inputs)
-        metrics.update(spo_metrics)
-      if "prm_logp" in scores:  # the implicit PRM's token rewards (train/implicit_prm.py)
-        row_inputs["prm_token_rewards"] = np.asarray(
-          adv_lib.implicit_process_rewards(
-            scores.pop("prm_logp"), scores["ref_logp"], host.completion_mask,
-            beta=c.implicit_prm.beta,
-          )
-        )  # fmt: skip
-      for p in range(P):
-        rows = slice(p * G_gen, p * G_gen + G)
-        g = dict(
-          prompt_tokens=host.prompt_tokens[rows],
-          prompt_mask=host.prompt_mask[rows],
-          tokens=host.tokens[rows],
-          completion_mask=host.completion_mask[rows],
-          sampler_logp=host.sampler_logp[rows],
-          lengths=host.lengths[rows],
-          truncated=host.truncated[rows],
-          rewards=rewards[p],
-          correct=correct[p],
-          zero_var=bool(zero_var[p]),
-          greedy_reward=greedy[p],
-          completions=completions[rows],
-          scores={k: v[rows] for k, v in scores.items()},
-          inputs={k: v[rows] for k, v in row_inputs.items()},
-        )
+      for g in round_groups:
         (spare if (refill and g["zero_var"]) else groups).append(g)
       if not refill or len(groups) >= P:
         break
@@ -364,6 +300,89 @@ class Collector:
       metrics["rollout/refill_short"] = float(max(P - len(groups), 0))
       groups = (groups + spare)[:P]
     return self._assemble(groups, metrics, reward_metrics, adv_state)
+
+  def _round(
+    self, params, records, key, num_groups, metrics, reward_metrics, *, ref_params, need_old,
+    prm_params,
+  ):  # fmt: skip
+    """Samples, scores and rewards the groups of ``records`` (this process's share of
+    ``num_groups``); adds to ``metrics`` / ``reward_metrics``. Returns (prompt texts, the
+    ``num_groups`` group dicts ``_assemble`` reads)."""
+    c = self.c
+    P, G = num_groups, c.sampling.num_samples
+    reads = self.estimator.reads
+    greedy_row = "greedy_rewards" in reads
+    G_gen = G + 1 if greedy_row else G  # rows generated per prompt (+ a greedy row to score)
+    t0 = time.perf_counter()
+    texts, rollout = self._sample_local(params, records, key=key, greedy_row=greedy_row)
+    jax.block_until_ready(rollout.tokens)
+    t1 = time.perf_counter()
+    metrics["time/sample"] += t1 - t0
+    completions, future = self._submit_local(texts, records, rollout, G_gen, P)
+    # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
+    answers = [r.get("answer", "") for r in records for _ in range(G_gen)]
+    scores = self.layout.gather_rollout(
+      self._scores(
+        params,
+        ref_params,
+        rollout,
+        need_old=need_old,
+        prm_params=prm_params,
+        answers=answers,
+        rows_per_prompt=G_gen,
+      )  # fmt: skip
+    )
+    result = future.result()
+    metrics["time/reward"] += time.perf_counter() - t1
+    reward_metrics.append(result.metrics)
+    reward_results.log_reward_failures(result)
+    host = jax.tree.map(np.asarray, rollout)
+    scores = {k: np.asarray(v) for k, v in scores.items()}
+    rewards = result.rewards.reshape(P, G_gen)
+    if "model_reward" in scores:  # R = R_host + w R_model (or w R_model with replace)
+      rewards, model_metrics = model_rewards_lib.apply(scores, result.rewards, self.c.model_reward)
+      rewards = rewards.reshape(P, G_gen)
+      reward_metrics[-1] = {**reward_metrics[-1], **model_metrics}
+    correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
+    correct = correct.reshape(P, G_gen)
+    greedy = rewards[:, G] if greedy_row else np.full(P, np.nan, np.float32)
+    rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
+    zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
+    row_inputs = _row_inputs(result, reads, P * G_gen)
+    if "prm_logp" in scores:  # the implicit PRM's token rewards (train/implicit_prm.py)
+      row_inputs["prm_token_rewards"] = np.asarray(
+        adv_lib.implicit_process_rewards(
+          scores.pop("prm_logp"), scores["ref_logp"], host.completion_mask,
+          beta=c.implicit_prm.beta,
+        )
+      )  # fmt: skip
+    if branching.READS & set(reads):  # SPO: Monte Carlo values of prefixes (train/branching)
+      spo_inputs, spo_metrics = branching.segment_values(
+        self, params, host, rewards, records, texts, key=jax.random.fold_in(key, 7919)
+      )
+      row_inputs.update(spo_inputs)
+      for k, v in spo_metrics.items():
+        metrics[k] = metrics.get(k, 0.0) + v
+    groups = []
+    for p in range(P):
+      rows = slice(p * G_gen, p * G_gen + G)
+      groups.append(dict(
+        prompt_tokens=host.prompt_tokens[rows],
+        prompt_mask=host.prompt_mask[rows],
+        tokens=host.tokens[rows],
+        completion_mask=host.completion_mask[rows],
+        sampler_logp=host.sampler_logp[rows],
+        lengths=host.lengths[rows],
+        truncated=host.truncated[rows],
+        rewards=rewards[p],
+        correct=correct[p],
+        zero_var=bool(zero_var[p]),
+        greedy_reward=greedy[p],
+        completions=completions[rows],
+        scores={k: v[rows] for k, v in scores.items()},
+        inputs={k: v[rows] for k, v in row_inputs.items()},
+      ))  # fmt: skip
+    return texts, groups
 
   def _assemble(self, groups, metrics, reward_metrics, adv_state):
     c = self.c
