@@ -31,14 +31,19 @@ def _config(tmp_path, **hints):
   )  # fmt: skip
 
 
-def test_failed_groups_are_rescued_at_the_stage_that_succeeds(tmp_path):
-  trainer = Trainer(_config(tmp_path), log=lambda s: None)
+def _collect(config):
+  """One collected batch of a fresh trainer, and its tokenizer."""
+  trainer = Trainer(config, log=lambda s: None)
   try:
     trainer.restore_or_start()
     batch, _ = trainer.collector.collect(trainer.state.params, key=jax.random.key(2))
-    tok = trainer.collector.tokenizer
+    return batch, trainer.collector.tokenizer
   finally:
     trainer.close()
+
+
+def test_failed_groups_are_rescued_at_the_stage_that_succeeds(tmp_path):
+  batch, tok = _collect(_config(tmp_path))
   m = batch.metrics
   assert m["hints/failed_groups"] == 3 and m["hints/rescued"] == 3
   assert m["hints/stages"] == 2 and m["hints/rows"] == 2 * 3 * 4  # two stages of 3 groups x G
@@ -60,13 +65,7 @@ def _worked(expr):
 
 def test_groups_that_fail_every_stage_stay_unhinted(tmp_path):
   """With the fractions 0.1 and 0.25 no stage reaches half: the batch keeps the failed groups."""
-  trainer = Trainer(_config(tmp_path, fractions=(0.1, 0.25)), log=lambda s: None)
-  try:
-    trainer.restore_or_start()
-    batch, _ = trainer.collector.collect(trainer.state.params, key=jax.random.key(2))
-    tok = trainer.collector.tokenizer
-  finally:
-    trainer.close()
+  batch, tok = _collect(_config(tmp_path, fractions=(0.1, 0.25)))
   assert batch.metrics["hints/rescued"] == 0 and batch.metrics["hints/stages"] == 2
   assert (batch.rewards == 0).all()
   assert MARKER not in tok.decode(batch.prompt_tokens[0][batch.prompt_mask[0]])
@@ -76,10 +75,5 @@ def test_a_record_without_a_solution_is_an_error_naming_the_field(tmp_path):
   c = _config(tmp_path)
   c.hints.field = "solution"
   c.reward.example_fields = ("demonstration",)
-  trainer = Trainer(c, log=lambda s: None)
-  try:
-    trainer.restore_or_start()
-    with pytest.raises(ValueError, match="field 'solution'.*set hints.field"):
-      trainer.collector.collect(trainer.state.params, key=jax.random.key(2))
-  finally:
-    trainer.close()
+  with pytest.raises(ValueError, match="field 'solution'.*set hints.field"):
+    _collect(c)
