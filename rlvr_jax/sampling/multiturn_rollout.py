@@ -66,6 +66,44 @@ _unstack = jax.jit(
 )
 
 
+def take_action(host, row, episode, logps, thresholds, eos, decode):
+  """Adds the turn that row ``row`` of the device snapshot ``host`` (a ``TurnState`` or
+  ``SlotTurns``) sampled to ``episode``, and its model log-probs and thresholds to ``logps`` /
+  ``thresholds``. Returns (the text the environment receives, whether the action ended with an
+  end-of-sequence id), or None when the context limit cut the action (no environment step)."""
+  n = int(host.count[row])
+  ids = host.tokens[row, :n].tolist()
+  ok = episode.add_action(ids, host.sampler_logp[row, :n].tolist())
+  logps.append(host.model_logp[row, :n].copy())
+  thresholds.append(host.threshold[row, :n].copy())
+  if not ok:
+    return None
+  ended = bool(host.stopped[row]) and bool(ids) and ids[-1] in eos
+  return decode([i for i in ids if i not in eos]), ended
+
+
+def observe(renderer, episode, result, action_ended: bool) -> list[int]:
+  """Records the environment step ``result`` in ``episode``; returns the rendered observation
+  ids (empty when the step ended the episode)."""
+  role = result.info.get("role", "user") if not result.failed else "user"
+  obs_ids = [] if result.done else renderer.observation_ids(
+    result.observation, role=role, action_ended=action_ended
+  )  # fmt: skip
+  episode.add_step(result, obs_ids)
+  return obs_ids
+
+
+def observation_batch(obs_rows: dict, num_rows: int, pad_id: int, buckets):
+  """{row: observation ids} -> (obs [num_rows, W] left-aligned, obs_len [num_rows]), W the bucket
+  of the longest observation; rows without one have length 0."""
+  W = bucket_length(max(len(o) for o in obs_rows.values()), buckets)
+  obs = np.full((num_rows, W), pad_id, np.int32)
+  obs_len = np.zeros(num_rows, np.int32)
+  for row, o in obs_rows.items():
+    obs[row, : len(o)], obs_len[row] = o, len(o)
+  return obs, obs_len
+
+
 def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, buckets) -> tuple[np.ndarray, np.ndarray]:
   S = bucket_length(max(2, max(len(r) for r in rows)), buckets)
   tokens = np.full((len(rows), S), pad_id, np.int32)
@@ -148,16 +186,6 @@ def rollout_episodes(
   stats["decode_steps"] = 0  # decode steps of the whole batch (each one step of every row)
   stats["env_submits"] = 0  # env step batches sent; > turns when some went while decoding went on
 
-  def record(host, b, ended_rows, texts):
-    n = int(host.count[b])
-    ids = host.tokens[b, :n].tolist()
-    ok = episodes[b].add_action(ids, host.sampler_logp[b, :n].tolist())
-    model_logp[b].append(host.model_logp[b, :n].copy())
-    threshold[b].append(host.threshold[b, :n].copy())
-    if ok:
-      ended_rows[b] = bool(host.stopped[b]) and bool(ids) and ids[-1] in eos
-      texts[b] = decode([i for i in ids if i not in eos])
-
   def submit(texts):
     t0 = time.perf_counter()
     future = pool.submit_step(dict(texts))
@@ -193,7 +221,9 @@ def rollout_episodes(
       for b in live:
         if b not in handled and not host.in_turn[b]:
           handled.add(b)
-          record(host, b, ended, texts)
+          action = take_action(host, b, episodes[b], model_logp[b], threshold[b], eos, decode)
+          if action is not None:
+            texts[b], ended[b] = action
       if texts:
         futures.append(submit(texts))
         stats["env_submits"] += 1
@@ -213,20 +243,13 @@ def rollout_episodes(
     stats["env_wait_s"] += time.perf_counter() - t0
     obs_rows = {}
     for b, result in results.items():
-      role = result.info.get("role", "user") if not result.failed else "user"
-      obs_ids = [] if result.done else renderer.observation_ids(
-        result.observation, role=role, action_ended=ended[b]
-      )  # fmt: skip
-      episodes[b].add_step(result, obs_ids)
+      obs_ids = observe(renderer, episodes[b], result, ended[b])
       if not episodes[b].done and obs_ids:
         obs_rows[b] = obs_ids
     if obs_rows:
       t0 = time.perf_counter()
-      W_obs = bucket_length(max(len(o) for o in obs_rows.values()), obs_buckets)
-      obs = np.full((B, W_obs), pad_id, np.int32)
-      obs_len = np.zeros(B, np.int32)
-      for b, o in obs_rows.items():
-        obs[b, : len(o)], obs_len[b] = o, len(o)
+      obs, obs_len = observation_batch(obs_rows, B, pad_id, obs_buckets)
+      W_obs = obs.shape[1]
       cache = mt.ensure_capacity(cache, index + W_obs, cache_buckets)
       cache, state = mt.append(params, cache, state, obs, obs_len, config=config)
       index += W_obs

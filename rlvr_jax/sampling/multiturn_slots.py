@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -53,7 +54,14 @@ from rlvr_jax.model import (
 )
 from rlvr_jax.sampling import keys as keys_lib
 from rlvr_jax.sampling import multiturn as mt
-from rlvr_jax.sampling.multiturn_rollout import EpisodeBatch, _left_pad, _unstack
+from rlvr_jax.sampling.multiturn_rollout import (
+  EpisodeBatch,
+  _left_pad,
+  _unstack,
+  observation_batch,
+  observe,
+  take_action,
+)
 from rlvr_jax.sampling.sampler import DEFAULT_BUCKETS, bucket_length, prompt_positions
 from rlvr_jax.sampling.strategies import Strategy
 from rlvr_jax.types import pytree_dataclass
@@ -92,10 +100,6 @@ class SlotTurns:
   threshold: jax.Array
   steps: jax.Array
   live: jax.Array
-
-
-def _replace(state: SlotTurns, **changes) -> SlotTurns:
-  return SlotTurns(**{**{f: getattr(state, f) for f in state.__dataclass_fields__}, **changes})
 
 
 def _sharded(state: SlotTurns) -> SlotTurns:
@@ -152,7 +156,7 @@ def admit(params, cache: KVCache, state: SlotTurns, slot_ids, tokens, mask, key_
     index=cache.index,
   )
   at = lambda name, value: getattr(state, name).at[slot_ids].set(value, mode="drop")
-  state = _replace(
+  state = dataclasses.replace(
     state, key_data=at("key_data", key_data), last=at("last", tokens[:, -1]),
     pos=at("pos", positions[:, -1]), start=at("start", positions[:, -1] + 1),
     fill=at("fill", S - 1), in_turn=at("in_turn", False),
@@ -167,7 +171,7 @@ def begin_turns(state: SlotTurns, rows, budget, *, pad_id: int) -> SlotTurns:
   rows = jnp.asarray(rows, bool)
   r = rows[:, None]
   budget = jnp.asarray(budget, jnp.int32)
-  return _sharded(_replace(
+  return _sharded(dataclasses.replace(
     state,
     in_turn=jnp.where(rows, budget > 0, state.in_turn),
     budget=jnp.where(rows, budget, state.budget),
@@ -222,7 +226,7 @@ def decode_chunk(
     stop = alive & jnp.any(match, axis=-1)
     step = alive.astype(jnp.int32)
     count = s.count + step
-    s = _replace(
+    s = dataclasses.replace(
       s, last=jnp.where(alive, tok, s.last), pos=s.pos + step, fill=s.fill + step,
       in_turn=alive & ~stop & (count < s.budget), stopped=s.stopped | stop, window=window,
       count=count, tokens=put(s.tokens, tok), sampler_logp=put(s.sampler_logp, slogp),
@@ -250,7 +254,7 @@ def append(params, cache: KVCache, state: SlotTurns, obs, obs_len, *, config: Mo
   columns = jnp.where(real, state.fill[:, None] + j, cache.max_len)
   _, cache = forward_at_columns(params, fed, positions, columns, cache, config=config)
   new_last = jnp.take_along_axis(obs, jnp.maximum(obs_len - 1, 0)[:, None], axis=1)[:, 0]
-  state = _replace(
+  state = dataclasses.replace(
     state, last=jnp.where(obs_len > 0, new_last, state.last), pos=state.pos + obs_len,
     fill=state.fill + obs_len,
   )  # fmt: skip
@@ -370,13 +374,9 @@ def rollout_episodes_on_slots(
         continue
       decoding.discard(n)
       b = episode_in[n]
-      k = int(host.count[n])
-      ids = host.tokens[n, :k].tolist()
-      model_logp[b].append(host.model_logp[n, :k].copy())
-      threshold[b].append(host.threshold[n, :k].copy())
-      if episodes[b].add_action(ids, host.sampler_logp[n, :k].tolist()):
-        ended[b] = bool(host.stopped[n]) and bool(ids) and ids[-1] in eos
-        texts[b] = decode([i for i in ids if i not in eos])
+      action = take_action(host, n, episodes[b], model_logp[b], threshold[b], eos, decode)
+      if action is not None:
+        texts[b], ended[b] = action
       else:
         episode_in[n] = -1  # cut by the context limit: the episode is over
     if texts:
@@ -403,11 +403,7 @@ def rollout_episodes_on_slots(
     obs_rows = {}
     for f in done:
       for b, result in f.result().items():
-        role = result.info.get("role", "user") if not result.failed else "user"
-        obs_ids = [] if result.done else renderer.observation_ids(
-          result.observation, role=role, action_ended=ended[b]
-        )  # fmt: skip
-        episodes[b].add_step(result, obs_ids)
+        obs_ids = observe(renderer, episodes[b], result, ended[b])
         n = slot_of[b]
         if episodes[b].done:
           episode_in[n] = -1
@@ -417,11 +413,7 @@ def rollout_episodes_on_slots(
           begin([n])
     if obs_rows:
       t0 = time.perf_counter()
-      W = bucket_length(max(len(o) for o in obs_rows.values()), obs_buckets)
-      obs = np.full((N, W), pad_id, np.int32)
-      obs_len = np.zeros(N, np.int32)
-      for n, o in obs_rows.items():
-        obs[n, : len(o)], obs_len[n] = o, len(o)
+      obs, obs_len = observation_batch(obs_rows, N, pad_id, obs_buckets)
       cache, state = append(dec_params, cache, state, obs, obs_len, config=config)
       begin(sorted(obs_rows))
       stats["append_s"] += time.perf_counter() - t0
