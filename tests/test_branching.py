@@ -110,7 +110,11 @@ def test_fork_continuations_keep_logprob_parity(tmp_path):
     host = jax.tree.map(np.asarray, rollout)
     rows, positions = np.array([0, 5]), np.array([2, 3])
     ids, mask = sampling.continuous.fork_prefixes(host, rows, positions, pad_id=col.pad_id)
-    cont = branching._continue(col, params, ids, mask, jax.random.key(1), 8, np.full(6, 6))
+    cont = jax.device_get(col._generate(
+      params, ids, mask, np.arange(2, dtype=np.int32), jax.random.key(1), None,
+      SPO["num_branches"], max_new_tokens=8, max_lengths=np.full(6, 6),
+      buckets=sampling.DEFAULT_BUCKETS,
+    ))  # fmt: skip
     gap = sampling.logprob_parity(params, cont, config=col.model_config,
                                   strategy=col.strategy)  # fmt: skip
   finally:

@@ -64,10 +64,8 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
   starts, nseg = np.asarray(starts), np.asarray(nseg)
   B, M = starts.shape
   T = host.tokens.shape[1]
-  valid = np.isfinite(rewards)
-  group_mean = np.where(valid.any(1), np.nansum(rewards, 1) / np.maximum(valid.sum(1), 1), np.nan)
   values = np.full((B, M), np.nan, np.float32)
-  values[:, 0] = np.repeat(group_mean, G)
+  values[:, 0] = np.repeat(_mean_of_finite(rewards), G)
   forks = [(b, s) for b in range(B) for s in range(1, int(nseg[b]))]
   branch_tokens = 0
   if forks:
@@ -75,7 +73,10 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
     positions = np.array([starts[b, s] for b, s in forks])
     ids, fmask = sampling.continuous.fork_prefixes(host, rows, positions, pad_id=collector.pad_id)
     K = o.num_branches
-    rollout = _continue(collector, params, ids, fmask, key, T, np.repeat(T - positions, K))
+    rollout = jax.device_get(collector._generate(
+      params, ids, fmask, np.arange(len(ids), dtype=np.int32), key, None, K, max_new_tokens=T,
+      max_lengths=np.repeat(T - positions, K), buckets=sampling.DEFAULT_BUCKETS,
+    ))  # fmt: skip
     cont = np.asarray(rollout.tokens)
     cont_mask = np.asarray(rollout.completion_mask)
     branch_tokens = int(cont_mask.sum())
@@ -95,9 +96,7 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
       completion_lengths=full_mask.sum(-1).tolist(), group_size=K, **fields,
     ).result()  # fmt: skip
     reward_results.log_reward_failures(result)
-    got = np.asarray(result.rewards, np.float32).reshape(len(forks), K)
-    ok = np.isfinite(got)
-    means = np.where(ok.any(1), np.nansum(got, 1) / np.maximum(ok.sum(1), 1), np.nan)
+    means = _mean_of_finite(np.asarray(result.rewards, np.float32).reshape(len(forks), K))
     for (b, s), v in zip(forks, means, strict=True):
       values[b, s] = v
   for s in range(1, M):  # a prefix without a valid continuation: the previous boundary's value
@@ -117,18 +116,7 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
   return inputs, metrics
 
 
-def _continue(collector, params, ids, mask, key, max_new_tokens, budgets):
-  """``spo.num_branches`` continuations of each fork prompt, by the configured engine."""
-  s = collector.c.sampling
-  K = collector.c.spo.num_branches
-  kw = {}
-  generate = sampling.generate
-  if s.engine == "continuous":
-    generate = sampling.continuous.generate
-    rows = ids.shape[0] * K
-    kw = dict(num_slots=min(s.num_slots, rows) if s.num_slots else rows)
-  return jax.device_get(generate(
-    params, ids, mask, config=collector.model_config, num_samples=K, strategy=collector.strategy,
-    key=key, max_new_tokens=max_new_tokens, stop_tokens=tuple(collector.tokenizer.eos_ids),
-    pad_id=collector.pad_id, max_lengths=budgets, phase_steps=s.phase_steps, **kw,
-  ))  # fmt: skip
+def _mean_of_finite(x: np.ndarray) -> np.ndarray:
+  """Row means of the finite entries of ``x`` [R, n]; NaN for a row with none (no warning)."""
+  ok = np.isfinite(x)
+  return np.where(ok.any(1), np.where(ok, x, 0).sum(1) / np.maximum(ok.sum(1), 1), np.nan)

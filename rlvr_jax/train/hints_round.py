@@ -79,8 +79,7 @@ def hinted_groups(collector, params, records, groups, *, key, metrics, reward_me
       elif hints.next_stage(stage, False, num_stages=len(fractions)) is not None:
         still.append(p)
     pending, stage = still, stage + 1
-  metrics["hints/failed_groups"] = metrics.get("hints/failed_groups", 0.0) + len(failed)
-  metrics["hints/rescued"] = metrics.get("hints/rescued", 0.0) + rescued
-  metrics["hints/stages"] = metrics.get("hints/stages", 0.0) + stage
-  metrics["hints/rows"] = metrics.get("hints/rows", 0.0) + rows
+  counts = {"failed_groups": len(failed), "rescued": rescued, "stages": stage, "rows": rows}
+  for name, count in counts.items():  # summed over the generation rounds of a step
+    metrics[f"hints/{name}"] = metrics.get(f"hints/{name}", 0.0) + count
   return out

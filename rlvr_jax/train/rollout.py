@@ -165,7 +165,12 @@ class Collector:
       params, ids, mask, prompt_ids, key, None, num_samples, temperatures
     )
 
-  def _generate(self, params, ids, mask, prompt_ids, key, strategy, num_samples, temperatures=None):
+  def _generate(
+    self, params, ids, mask, prompt_ids, key, strategy, num_samples, temperatures=None, *,
+    max_new_tokens=None, max_lengths=None, buckets=None,
+  ):  # fmt: skip
+    """The configured engine on prompts [P, S]; by default ``sampling.max_new_tokens``, no
+    per-row budgets (``max_lengths``) and the prompts' own width as the only bucket."""
     s = self.c.sampling
     num_samples = num_samples or s.num_samples
     engine = {}
@@ -182,13 +187,14 @@ class Collector:
       num_samples=num_samples,
       strategy=strategy or self.strategy,
       key=key,
-      max_new_tokens=s.max_new_tokens,
+      max_new_tokens=max_new_tokens or s.max_new_tokens,
       stop_tokens=tuple(self.tokenizer.eos_ids),
       prompt_ids=prompt_ids,
       pad_id=self.pad_id,
-      buckets=(ids.shape[1],),
+      buckets=buckets or (ids.shape[1],),
       phase_steps=s.phase_steps,
       temperatures=temperatures,
+      max_lengths=max_lengths,
       **engine,
     )
     return self.layout.gather_rollout(rollout)
