@@ -301,13 +301,8 @@ def _run_cached_layers(
 
 def _scatter_columns(buffer: jax.Array, new: jax.Array, columns: jax.Array) -> jax.Array:
   """``buffer`` [N, K, T, H] with ``new`` [N, K, H] written at column ``columns[n]`` of row n (a
-  scatter, in place in a loop carry; on the bits of a 16-bit float buffer, as ``_write_slots``)."""
-  rows = jnp.arange(buffer.shape[0])
-  if jnp.dtype(buffer.dtype).itemsize != 2 or not jnp.issubdtype(buffer.dtype, jnp.floating):
-    return buffer.at[rows, :, columns, :].set(new.astype(buffer.dtype))
-  bits = jax.lax.bitcast_convert_type(buffer, jnp.uint16)
-  new = jax.lax.bitcast_convert_type(new.astype(buffer.dtype), jnp.uint16)
-  return jax.lax.bitcast_convert_type(bits.at[rows, :, columns, :].set(new), buffer.dtype)
+  scatter, in place in a loop carry): ``_scatter_token_columns`` of one token per row."""
+  return _scatter_token_columns(buffer, new[:, :, None, :], columns[:, None])
 
 
 def _scatter_token_columns(buffer: jax.Array, new: jax.Array, columns: jax.Array) -> jax.Array:
