@@ -131,19 +131,22 @@ def _inputs(seed=0):
     ),
     "turn_index": jnp.asarray(np.where(index <= turns[:, None], index, 0), jnp.int32),
     "completion_tokens": jnp.asarray(rng.integers(0, 3, (B, T)), jnp.int32),
+    "retry_prefix": jnp.asarray(rng.integers(0, 3, B), jnp.int32),
     **_spo_inputs(rng),
   }
 
 
 def _spo_inputs(rng, M=3):
-  """SPO's branch-round inputs: segments cut at every 2nd cutpoint of a random cutpoint mask."""
+  """SPO's branch-round (and tree-round) inputs: segments cut at every 2nd cutpoint of a random
+  cutpoint mask."""
   from rlvr_jax import advantages as adv
 
   mask = jnp.asarray(np.arange(T)[None] < rng.integers(1, T + 1, B)[:, None])
   cut = mask & jnp.asarray(rng.uniform(size=(B, T)) < 0.5)
   ids, _, nseg = adv.spo_segments(cut, mask, cutpoint_interval=2, max_segments=M)
   values = jnp.asarray(rng.uniform(size=(B, M)), jnp.float32)
-  return dict(segment_values=values, segment_ids=ids, num_segments=nseg, spo_cutpoints=cut)
+  out = dict(segment_values=values, segment_ids=ids, num_segments=nseg, spo_cutpoints=cut)
+  return {**out, "tree_values": values}  # SPO-tree: its ancestors' values, the same [B, M] form
 
 
 REQUIRED = {

@@ -35,8 +35,8 @@ Estimators (name in verl / TRL / Tunix in the docs name map):
   REINFORCE++ takes dense rewards via ``token_rewards=``;
 * segment and tree credit of branching rollouts (SPO, arXiv 2505.23564): ``spo_cutpoints``,
   ``spo_segments``, ``spo_chain_advantages``; ``SegmentTree`` (+ ``complete_tree``),
-  ``tree_values``, ``tree_advantages`` (SPO-tree); R3L's ``pivotal_mask`` and
-  ``r3l_advantages`` (positive amplification);
+  ``tree_values``, ``tree_advantages``, ``spo_tree_token_advantages`` (SPO-tree); R3L's
+  ``pivotal_mask`` and ``r3l_advantages`` (positive amplification), ``r3l_token_advantages`` (both, the estimator);
 * RLPR's prompt filter: ``rlpr_std_filter`` (+ ``StdFilterState``, ``std_filter_init``);
 * turn level (multi-turn episodes, ``[B, K]`` per-turn rewards, AGENTS.md §2):
   ``discounted_turn_returns``, ``episode_return``, ``turn_group_normalize`` (the per-turn-index
@@ -133,10 +133,12 @@ from rlvr_jax.advantages.segments import (
   complete_tree,
   pivotal_mask,
   r3l_advantages,
+  r3l_token_advantages,
   spo_chain_advantages,
   spo_chain_token_advantages,
   spo_cutpoints,
   spo_segments,
+  spo_tree_token_advantages,
   tree_advantages,
   tree_values,
 )
@@ -176,10 +178,12 @@ __all__ = [
   "complete_tree",
   "pivotal_mask",
   "r3l_advantages",
+  "r3l_token_advantages",
   "spo_chain_advantages",
   "spo_cutpoints",
   "spo_chain_token_advantages",
   "spo_segments",
+  "spo_tree_token_advantages",
   "tree_advantages",
   "tree_values",
   "a2tgpo_token_advantages",

@@ -44,6 +44,10 @@ READS = {
   "segment_ids": "[B, T] int32 SPO segment of each completion token (-1 off the mask)",
   "num_segments": "[B] int32 SPO segments per row",
   "spo_cutpoints": "[B, T] bool completion tokens with pi_old(y_t) < spo.prob_threshold",
+  "tree_values": "[B, M] float32 SPO-tree: the values (mean leaf reward) of each row's ancestors "
+  "at depths 0..M-1 of its prompt's sampling tree (the collector's tree round)",
+  "retry_prefix": "[B] int32 R3L: completion tokens a row shares with the trajectory it retries "
+  "or was retried from, 0 outside retry pairs (the collector's retry round)",
 }
 LEVELS = ("sequence", "token")
 
@@ -256,6 +260,22 @@ for _spec in (
     reads=("rewards", "segment_values", "segment_ids", "num_segments", "spo_cutpoints"),
     static=("use_prob_mask",),
     paper="arXiv 2505.23564",
+  ),  # fmt: skip
+  EstimatorSpec(
+    "spo_tree",
+    segments.spo_tree_token_advantages,
+    level="token",
+    reads=("rewards", "tree_values", "segment_ids", "num_segments", "spo_cutpoints"),
+    static=("use_prob_mask",),
+    paper="arXiv 2505.23564",
+  ),  # fmt: skip
+  EstimatorSpec(
+    "r3l",
+    segments.r3l_token_advantages,
+    level="token",
+    reads=("rewards", "completion_mask", "retry_prefix"),
+    static=("baseline",),
+    paper="arXiv 2601.03715",
   ),  # fmt: skip
   EstimatorSpec(
     "gae",

@@ -89,6 +89,40 @@ def r3l_advantages(
   return jnp.where(mask & (count > 1), score, 0.0)
 
 
+def r3l_token_advantages(
+  rewards: jax.Array,
+  completion_mask: jax.Array,
+  retry_prefix: jax.Array,
+  *,
+  valid: jax.Array | None = None,
+  alpha: float = 3.0,
+  max_reward: float = 1.0,
+  baseline: str = "mean",
+  tau: float = 1.0,
+) -> jax.Array:
+  """R3L as a registered estimator (``rl.advantage='r3l'``, Shi et al., arXiv 2601.03715):
+  positive amplification on the diverging suffixes of the collector's retry round.
+
+  A_{b,t} = a_b [t >= k_b] m_{b,t}, with a = ``r3l_advantages`` (A = R - b; 1 for a maximal
+  reward, alpha A for other non-negative scores, A below 0), k_b = ``retry_prefix[b]`` (the
+  completion tokens row b shares with the trajectory it retries or was retried from; 0 for
+  rows outside a retry pair) and m the completion mask: pivotal credit leaves the shared prefix
+  out (``pivotal_mask``).
+
+  Args:
+    rewards: [P, G] (NaN = failed); valid: [P, G] bool.
+    completion_mask: [B, T]; retry_prefix: [B] int32 (``train/retries.py``).
+  Returns:
+    [B, T] float32.
+  """
+  common.check_rank("rewards", rewards, 2, "P, G")
+  seq = r3l_advantages(
+    rewards, valid=valid, alpha=alpha, max_reward=max_reward, baseline=baseline, tau=tau
+  )
+  keep = pivotal_mask(completion_mask, retry_prefix)
+  return jnp.where(keep, seq.reshape(-1, 1), 0.0).astype(jnp.float32)
+
+
 def spo_cutpoints(
   old_logp: jax.Array, completion_mask: jax.Array, *, prob_threshold: float = 0.9
 ) -> jax.Array:
@@ -206,6 +240,44 @@ def spo_chain_token_advantages(
   return spo_chain_advantages(
     segment_values, flat, segment_ids, num_segments,
     cutpoints=spo_cutpoints if use_prob_mask else None,
+  )  # fmt: skip
+
+
+
+def spo_tree_token_advantages(
+  rewards: jax.Array,
+  tree_values: jax.Array,
+  segment_ids: jax.Array,
+  num_segments: jax.Array,
+  spo_cutpoints: jax.Array,
+  *,
+  valid: jax.Array | None = None,
+  use_prob_mask: bool = True,
+) -> jax.Array:
+  """SPO-tree as a registered estimator (``rl.advantage='spo_tree'``, Guo et al., arXiv
+  2505.23564): each row is a leaf of its prompt's sampling tree (``train/tree_round.py``).
+
+  Node n's value V(n) = the mean of the finite leaf rewards under it (``tree_values``; the root's
+  is the group mean). Token t of segment s of leaf b (the tokens its depth-(s+1) ancestor a_{s+1}
+  sampled) gets A_{b,t} = V(a_{s+1}) - V(a_s), a node's value minus its parent's
+  (``tree_advantages``); on the cutpoint tokens only with ``use_prob_mask``; 0 on rows whose
+  reward failed. This is ``spo_chain_advantages`` with V_{b,s} = V(a_s): the last segment s =
+  n_b - 1 gets R_b - V(a_s), which is V(a_{s+1}) for a whole leaf and for a node that ended early
+  (its leaves are copies of it, with its reward).
+
+  Args:
+    rewards: [P, G] (NaN = failed); valid: [P, G] bool (False rows get 0).
+    tree_values: [B, M] V(a_s), the values of leaf b's ancestors at depths s = 0..M-1 (M the
+      tree's depth; s = 0 the root).
+    segment_ids: [B, T] depth s of the node each completion token was sampled by (-1 off the
+      mask); num_segments: [B] segments with tokens (fewer than M where a node ended early).
+    spo_cutpoints: [B, T] bool, pi_old(y_t) < ``spo.prob_threshold`` (``spo_cutpoints``).
+  Returns:
+    [B, T] float32.
+  """
+  return spo_chain_token_advantages(
+    rewards, tree_values, segment_ids, num_segments, spo_cutpoints, valid=valid,
+    use_prob_mask=use_prob_mask,
   )  # fmt: skip
 
 

@@ -63,7 +63,6 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
   )
   starts, nseg = np.asarray(starts), np.asarray(nseg)
   B, M = starts.shape
-  T = host.tokens.shape[1]
   values = np.full((B, M), np.nan, np.float32)
   values[:, 0] = np.repeat(_mean_of_finite(rewards), G)
   forks = [(b, s) for b in range(B) for s in range(1, int(nseg[b]))]
@@ -71,31 +70,14 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
   if forks:
     rows = np.array([b for b, _ in forks])
     positions = np.array([starts[b, s] for b, s in forks])
-    ids, fmask = sampling.continuous.fork_prefixes(host, rows, positions, pad_id=collector.pad_id)
     K = o.num_branches
-    rollout = jax.device_get(collector._generate(
-      params, ids, fmask, np.arange(len(ids), dtype=np.int32), key, None, K, max_new_tokens=T,
-      max_lengths=np.repeat(T - positions, K), buckets=sampling.DEFAULT_BUCKETS,
-    ))  # fmt: skip
-    cont = np.asarray(rollout.tokens)
-    cont_mask = np.asarray(rollout.completion_mask)
-    branch_tokens = int(cont_mask.sum())
-    # Each continuation's completion, as the reward sees it: the prefix, then the continuation.
-    full = np.full((len(forks) * K, T), collector.pad_id, np.int32)
-    full_mask = np.zeros(full.shape, bool)
-    for i, (b, p) in enumerate(zip(rows, positions, strict=True)):
-      for j in range(i * K, (i + 1) * K):
-        n = int(cont_mask[j].sum())
-        full[j, :p], full[j, p : p + n] = host.tokens[b, :p], cont[j, :n]
-        full_mask[j, : p + n] = True
-    texts = collector.tokenizer.decode_batch(full, full_mask)
-    fork_records = [records[b // G] for b in rows]
-    fields = reward_results.reward_fields(fork_records, K, c.reward.example_fields)
-    result = collector.runtime.submit(
-      collector.reward_fn, [prompts[b // G] for b in rows for _ in range(K)], texts,
-      completion_lengths=full_mask.sum(-1).tolist(), group_size=K, **fields,
-    ).result()  # fmt: skip
-    reward_results.log_reward_failures(result)
+    rollout = continue_prefixes(collector, params, host, rows, positions, K, key=key)
+    spliced = splice_continuations(host, rows, positions, rollout, K, pad_id=collector.pad_id)
+    branch_tokens = int(np.asarray(rollout.completion_mask).sum())
+    result = reward_rows(
+      collector, spliced, [records[b // G] for b in rows for _ in range(K)],
+      [prompts[b // G] for b in rows for _ in range(K)], group_size=K,
+    )  # fmt: skip
     means = _mean_of_finite(np.asarray(result.rewards, np.float32).reshape(len(forks), K))
     for (b, s), v in zip(forks, means, strict=True):
       values[b, s] = v
@@ -114,6 +96,85 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
     "time/branch": time.perf_counter() - t0,
   }
   return inputs, metrics
+
+
+def continue_prefixes(collector, params, host, rows, positions, K: int, *, key):
+  """K continuations of each prefix (row ``rows[i]`` of ``host`` cut at ``positions[i]``), each
+  within the row's remaining budget T - position: ``fork_prefixes``, then the collector's engine
+  and strategy (``Collector._generate``). Returns the host ``Rollout`` of the R K continuations
+  (fork i's at rows i K .. i K + K - 1).
+
+  The fork count R varies from batch to batch; it is padded to the next power of two (repeats
+  of fork 0, dropped after), so the sampler compiles for a few shapes, not for every R. A row's
+  draws depend on its key and index only, not on the rows after it."""
+  rows, positions = np.asarray(rows), np.asarray(positions)
+  R = len(rows)
+  rows_p, positions_p = padded_rows(rows), padded_rows(positions)
+  padded = len(rows_p)
+  ids, mask = sampling.continuous.fork_prefixes(host, rows_p, positions_p, pad_id=collector.pad_id)
+  T = np.asarray(host.tokens).shape[1]
+  rollout = collector._generate(
+    params, ids, mask, np.arange(padded, dtype=np.int32), key, None, K, max_new_tokens=T,
+    max_lengths=np.repeat(T - positions_p, K), buckets=sampling.DEFAULT_BUCKETS,
+  )  # fmt: skip
+  return jax.tree.map(lambda x: np.asarray(x)[: R * K], jax.device_get(rollout))
+
+
+def padded_rows(x: np.ndarray) -> np.ndarray:
+  """``x`` [R, ...] padded to the next power of two rows with repeats of ``x[0]``: a sampler
+  call over a varying number of forks then compiles for a few shapes only."""
+  x = np.asarray(x)
+  padded = 1 << max(len(x) - 1, 0).bit_length()
+  return np.concatenate([x, np.repeat(x[:1], padded - len(x), axis=0)])
+
+
+def splice_continuations(host, rows, positions, cont, K: int, *, pad_id: int) -> dict:
+  """Rows made of a prefix and a continuation: for fork i (row ``rows[i]`` of ``host`` cut at
+  ``positions[i]``) and its K continuations j in ``cont`` (rows i K .. i K + K - 1, e.g.
+  ``_generate`` on ``fork_prefixes`` with ``num_samples=K``), the completion
+  host.tokens[row, :position] + cont.tokens[j, :n_j], with the per-token arrays (``sampler_logp``,
+  ``model_logp``, ``sampler_threshold``) spliced the same way. Returns host arrays of every
+  per-row ``Rollout`` field a completion defines: tokens, completion_mask, sampler_logp,
+  model_logp, sampler_threshold (None unless both have it), lengths, finished, truncated."""
+  T = np.asarray(host.tokens).shape[1]
+  R = len(rows) * K
+  per_token = {"tokens": pad_id, "sampler_logp": 0.0, "model_logp": 0.0}
+  if host.sampler_threshold is not None and cont.sampler_threshold is not None:
+    per_token["sampler_threshold"] = 0.0
+  out = {
+    k: np.full((R, T), fill, np.asarray(getattr(host, k)).dtype) for k, fill in per_token.items()
+  }
+  out["completion_mask"] = np.zeros((R, T), bool)
+  cmask = np.asarray(cont.completion_mask)
+  lengths = np.zeros(R, np.int32)
+  for i, (b, p) in enumerate(zip(rows, positions, strict=True)):
+    for j in range(i * K, (i + 1) * K):
+      n = min(int(cmask[j].sum()), T - p)
+      for k in per_token:
+        out[k][j, :p] = np.asarray(getattr(host, k))[b, :p]
+        out[k][j, p : p + n] = np.asarray(getattr(cont, k))[j, :n]
+      out["completion_mask"][j, : p + n] = True
+      lengths[j] = p + n
+  out["lengths"] = lengths
+  out["finished"] = np.asarray(cont.finished).astype(bool)
+  out["truncated"] = ~out["finished"] & (lengths >= T)
+  out.setdefault("sampler_threshold", None)
+  return out
+
+
+def reward_rows(collector, spliced: dict, records, prompts, *, group_size: int):
+  """The run's reward function on spliced rows (``splice_continuations``), one record and
+  prompt text per row (groups of ``group_size``); the same workers, fields and timeouts as the
+  rollout. Failures are logged; returns the ``RewardResult``."""
+  texts = collector.tokenizer.decode_batch(spliced["tokens"], spliced["completion_mask"])
+  fields = reward_results.reward_fields(records, 1, collector.c.reward.example_fields)
+  result = collector.runtime.submit(
+    collector.reward_fn, list(prompts), texts,
+    completion_lengths=spliced["completion_mask"].sum(-1).tolist(), group_size=group_size,
+    **fields,
+  ).result()  # fmt: skip
+  reward_results.log_reward_failures(result)
+  return result
 
 
 def _mean_of_finite(x: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 
 from ml_collections import ConfigDict, config_dict
 
@@ -174,7 +175,34 @@ def base_config() -> ConfigDict:
   # SPO-chain's branch round (train/branching.py; for estimators that read segment values): a
   # segment starts at every cutpoint_interval-th token with pi_old < prob_threshold (at most
   # max_segments per row); num_branches continuations of its prefix give its Monte Carlo value.
-  c.spo = ConfigDict(dict(num_branches=4, cutpoint_interval=2, max_segments=4, prob_threshold=0.9))
+  # SPO-tree (train/tree_round.py; for estimators that read tree_values): each prompt's G rows are
+  # the leaves of a tree with tree_branching[d] children per node at depth d (their product is
+  # sampling.num_samples), each node sampling tree_segment_tokens tokens (0: max_new_tokens //
+  # depth; the last level the rest of max_new_tokens).
+  c.spo = ConfigDict(dict(num_branches=4, cutpoint_interval=2, max_segments=4, prob_threshold=0.9,
+                          tree_branching=(2, 2, 2), tree_segment_tokens=0))  # fmt: skip
+  # Reflect-then-Retry's retry round (train/retries.py; for estimators that read retry_prefix):
+  # the failed rows of a group, two by two (at most max_pairs pairs), the first retried from its
+  # least likely token, the retry taking the second's place.
+  c.retries = ConfigDict(dict(max_pairs=2))
+  # LATR's lookahead tree rollouts (train/lookahead_round.py): num_roots rows per prompt (0 =
+  # G // 2) are sampled, the other G - num_roots branch off them at tokens c != the sampled one
+  # with p(c) > min_prob and p_top - p(c) < max_gap (at most max_per_token per position, earliest
+  # first), run `window` tokens ahead, and are pruned (an ordinary sample takes the slot) when that
+  # window's ROUGE-L F1 with the root's exceeds rouge_threshold or their longest common suffix
+  # exceeds suffix_threshold of the longer window.
+  c.latr = ConfigDict(
+    dict(
+      enabled=False,
+      num_roots=0,
+      min_prob=0.15,
+      max_gap=0.25,
+      max_per_token=2,
+      window=24,
+      rouge_threshold=0.5,
+      suffix_threshold=0.2,
+    )  # fmt: skip
+  )
   # GHPO's guided hints (train/hints_round.py): a group whose every rollout failed is sampled
   # again with the start of the record's reference solution (record[field]) in its prompt, at
   # the next of `fractions` (of its words, or tokens with unit='tokens') while it still fails.
@@ -387,6 +415,39 @@ def check_context(c, context: int) -> None:
 FUSED_LOSS = {"auto": "auto", "on": True, "off": False}
 
 
+def _validate_tree(c) -> None:
+  """SPO-tree's leaves are the G rows: prod(spo.tree_branching) = sampling.num_samples, and every
+  level samples at least one token (seg (depth - 1) < sampling.max_new_tokens)."""
+  tree, s = tuple(c.spo.tree_branching), c.sampling
+  _need(math.prod(tree) == s.num_samples, "spo.tree_branching",
+        f"the tree's leaves are the G rows of a prompt: the product of spo.tree_branching={tree} "
+        f"({math.prod(tree)}) must equal sampling.num_samples={s.num_samples}")  # fmt: skip
+  seg = c.spo.tree_segment_tokens or s.max_new_tokens // len(tree)
+  _need(seg >= 1 and seg * (len(tree) - 1) < s.max_new_tokens, "spo.tree_segment_tokens",
+        f"{len(tree)} levels of {seg} tokens (the last the rest) do not fit "
+        f"sampling.max_new_tokens={s.max_new_tokens}: every level needs >= 1 token")  # fmt: skip
+
+
+def _validate_latr(c, estimator, multiturn: bool) -> None:
+  """LATR's settings (train/lookahead_round.py), and what it does not combine with when enabled:
+  a greedy row (estimators reading greedy_rewards), SPO-tree's own tree sampling, episodes."""
+  o, G = c.latr, c.sampling.num_samples
+  _need(0 <= o.num_roots < G, "latr.num_roots",
+        f"must be in [0, sampling.num_samples={G}) (0 = G // 2), got {o.num_roots}")  # fmt: skip
+  _need(0 <= o.min_prob < 1, "latr.min_prob", f"must be in [0, 1), got {o.min_prob}")
+  _need(0 < o.max_gap <= 1, "latr.max_gap", f"must be in (0, 1], got {o.max_gap}")
+  for name in ("max_per_token", "window"):
+    _need(o[name] >= 1, f"latr.{name}", f"must be >= 1, got {o[name]}")
+  for name in ("rouge_threshold", "suffix_threshold"):
+    _need(0 <= o[name] <= 1, f"latr.{name}", f"must be in [0, 1], got {o[name]}")
+  if not o.enabled:
+    return
+  for read, what in (("greedy_rewards", "a greedy row"), ("tree_values", "SPO-tree's tree")):
+    _need(read not in estimator.reads, "latr.enabled",
+          f"LATR samples the G rows itself: estimator {estimator.name!r} needs {what}")  # fmt: skip
+  _need(not multiturn, "latr.enabled", "LATR samples single-turn rounds only (env.id is set)")
+
+
 def validate(c) -> None:
   """Fail fast, naming the field, on values the trainer cannot run with."""
   _need(
@@ -414,8 +475,14 @@ def validate(c) -> None:
   _need(bool(c.hints.field), "hints.field", "the record field with the reference solution")
   for name in ("num_branches", "cutpoint_interval", "max_segments"):
     _need(c.spo[name] >= 1, f"spo.{name}", f"must be >= 1, got {c.spo[name]}")
+  _need(c.retries.max_pairs >= 1, "retries.max_pairs", f"must be >= 1, got {c.retries.max_pairs}")
   _need(0 < c.spo.prob_threshold <= 1, "spo.prob_threshold", f"must be in (0, 1], got "
         f"{c.spo.prob_threshold}")  # fmt: skip
+  tree = tuple(c.spo.tree_branching)
+  _need(len(tree) >= 1 and all(int(k) == k and k >= 1 for k in tree), "spo.tree_branching",
+        f"must be a non-empty tuple of ints >= 1, got {tree}")  # fmt: skip
+  _need(c.spo.tree_segment_tokens >= 0, "spo.tree_segment_tokens",
+        f"must be >= 0 (0 = max_new_tokens // depth), got {c.spo.tree_segment_tokens}")  # fmt: skip
   _need(c.tokenizer.kind in ("char", "model"), "tokenizer.kind", f"{c.tokenizer.kind!r}")
   _need(
     c.model.source == "tiny" or c.tokenizer.kind == "model",
@@ -484,6 +551,11 @@ def validate(c) -> None:
   except ValueError as e:
     raise ConfigError(f"config.rl.advantage: {e}") from e
   _need(
+    not ("retry_prefix" in estimator.reads and c.model_reward.name), "model_reward.name",
+    f"the retry round of {r.advantage!r} rewards retries with the host reward only: unset "
+    "model_reward.name or pick another rl.advantage",
+  )  # fmt: skip
+  _need(
     r.zero_variance in ZERO_VARIANCE,
     "rl.zero_variance",
     f"{r.zero_variance!r} not in {ZERO_VARIANCE}",
@@ -502,6 +574,9 @@ def validate(c) -> None:
   for key in estimator.required_hyperparameters():
     _need(key in adv_kw, f"rl.advantage_kwargs.{key}",
           f"estimator {estimator.name!r} needs it (no default)")  # fmt: skip
+  if "tree_values" in estimator.reads:  # SPO-tree's tree round (train/tree_round.py)
+    _validate_tree(c)
+  _validate_latr(c, estimator, multiturn)
   if estimator.check is not None:
     problem = estimator.check(r.prompts_per_step, s.num_samples, adv_kw)
     _need(problem is None, "rl.advantage_kwargs", f"estimator {estimator.name!r}: {problem}")

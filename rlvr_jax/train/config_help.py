@@ -54,6 +54,19 @@ FIELD_HELP: dict[str, str] = {
   "spo.cutpoint_interval": "SPO: a segment starts at every K-th cutpoint (token with pi_old < threshold)",
   "spo.max_segments": "SPO: most segments per completion (later cutpoints stay in the last one)",
   "spo.prob_threshold": "SPO: a token is a cutpoint when the sampler's probability is below this",
+  # SPO-tree (train/tree_round.py)
+  "spo.tree_branching": "SPO-tree: children per node at each depth; the product is sampling.num_samples",
+  "spo.tree_segment_tokens": "SPO-tree: tokens each inner node samples (0 = max_new_tokens // depth)",
+  # LATR's lookahead tree rollouts (train/lookahead_round.py)
+  "retries.max_pairs": "Reflect-then-Retry: most failed pairs per group (the first row retried from its rarest token)",
+  "latr.enabled": "LATR: sample each group as root rows and lookahead branches off them",
+  "latr.num_roots": "LATR: rows per prompt sampled as usual; the rest branch off them (0 = G // 2)",
+  "latr.min_prob": "LATR: a branch token needs a sampling probability above this",
+  "latr.max_gap": "LATR: ... and within this of the position's most likely token",
+  "latr.max_per_token": "LATR: most branches at one position of a root",
+  "latr.window": "LATR: tokens a branch runs ahead before it may be pruned",
+  "latr.rouge_threshold": "LATR: prune a branch whose window's ROUGE-L F1 with the root's exceeds this",
+  "latr.suffix_threshold": "LATR: prune a branch whose window ends like the root's for more than this share",
   # tokenizer
   "tokenizer.kind": "'char' (one token per character, tiny models) or the model's own tokenizer",
   "tokenizer.alphabet": "characters of the 'char' tokenizer (plus its special tokens)",

@@ -22,7 +22,11 @@ PROVIDED_READS = frozenset(
   {"rewards", "completion_mask", "answer_ids", "greedy_rewards", "reward_components",
    "token_rewards", "prm_token_rewards", "completion_tokens",
    # SPO's branch round (train/branching.py): segments and the Monte Carlo values of prefixes
-   "segment_values", "segment_ids", "num_segments", "spo_cutpoints"}
+   "segment_values", "segment_ids", "num_segments", "spo_cutpoints",
+   # SPO-tree's tree round (train/tree_round.py): the values of each leaf's ancestors
+   "tree_values",
+   # the retry round (train/retries.py): the prefix a row shares with its retry pair
+   "retry_prefix"}
 )  # fmt: skip
 # What the multi-turn (episode) collector hands an estimator: the episode returns [P, G], the
 # action-token mask, each turn's reward [B, K] and each token's turn [B, T] (``train/multiturn``).

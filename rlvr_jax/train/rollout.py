@@ -39,8 +39,9 @@ from rlvr_jax import advantages as adv_lib
 from rlvr_jax import data as data_lib
 from rlvr_jax import regularizers, sampling
 from rlvr_jax.rewards import extract_answer
-from rlvr_jax.train import branching, hints_round, methods, reward_results
+from rlvr_jax.train import branching, hints_round, methods, retries, reward_results, tree_round
 from rlvr_jax.train import config as config_lib
+from rlvr_jax.train import lookahead_round as lookahead_lib
 from rlvr_jax.train import model_rewards as model_rewards_lib
 from rlvr_jax.train import step as step_lib
 from rlvr_jax.train.layout import Layout
@@ -320,10 +321,25 @@ class Collector:
     greedy_row = "greedy_rewards" in reads
     G_gen = G + 1 if greedy_row else G  # rows generated per prompt (+ a greedy row to score)
     t0 = time.perf_counter()
-    texts, rollout = self._sample_local(params, records, key=key, greedy_row=greedy_row)
+    tree = latr = None
+    if "tree_values" in reads:  # SPO-tree: the G rows are a tree's leaves (train/tree_round.py)
+      texts, rollout, tree = tree_round.sample_tree(self, params, records, key=key)
+    elif c.latr.enabled:  # LATR: roots and lookahead branches (train/lookahead_round.py)
+      texts, rollout, latr = lookahead_lib.sample_lookahead(self, params, records, key=key)
+    else:
+      texts, rollout = self._sample_local(params, records, key=key, greedy_row=greedy_row)
     jax.block_until_ready(rollout.tokens)
     t1 = time.perf_counter()
     metrics["time/sample"] += t1 - t0
+    # Every token sampled this step (branch and retry rounds add theirs): the budget that
+    # methods which sample more than G rows per prompt are compared at.
+    # (A tree's leaves share their prefixes: its levels' own count, train/tree_round.py.)
+    sampled = tree["sampled_tokens"] if tree else np.asarray(rollout.completion_mask).sum()
+    if latr is not None:  # LATR's own count: pruned windows too (train/lookahead_round.py)
+      sampled = latr["latr/sampled_tokens"]
+      for k, v in latr.items():
+        metrics[k] = metrics.get(k, 0.0) + v
+    metrics["rollout/sampled_tokens"] = metrics.get("rollout/sampled_tokens", 0.0) + float(sampled)
     completions, future = self._submit_local(texts, records, rollout, G_gen, P)
     # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
     answers = [r.get("answer", "") for r in records for _ in range(G_gen)]
@@ -353,8 +369,26 @@ class Collector:
     correct = correct.reshape(P, G_gen)
     greedy = rewards[:, G] if greedy_row else np.full(P, np.nan, np.float32)
     rewards, correct = rewards[:, :G], correct[:, :G]  # the sampled rows
+    retry_prefix = None
+    if retries.READS & set(reads):  # failed rows retried from a failure point (train/retries.py)
+      host, rewards, correct, completions, scores, retry_prefix, retry_metrics = (
+        retries.retry_failures(
+          self, params, host, rewards, correct, completions, scores, records, texts,
+          key=jax.random.fold_in(key, 6007), rows_per_prompt=G_gen, ref_params=ref_params,
+          need_old=need_old, prm_params=prm_params,
+        )
+      )  # fmt: skip
+      for k, v in retry_metrics.items():
+        metrics[k] = metrics.get(k, 0.0) + v
+      metrics["rollout/sampled_tokens"] += retry_metrics["retry/tokens"]
     zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
     row_inputs = _row_inputs(result, reads, P * G_gen)
+    if retry_prefix is not None:
+      row_inputs["retry_prefix"] = retry_prefix
+    if tree is not None:  # SPO-tree: node values and segments of the leaves (train/tree_round.py)
+      row_inputs.update(tree_round.tree_inputs(c, host, rewards, tree))
+      for k, v in tree["metrics"].items():
+        metrics[k] = metrics.get(k, 0.0) + v
     if "prm_logp" in scores:  # the implicit PRM's token rewards (train/implicit_prm.py)
       row_inputs["prm_token_rewards"] = np.asarray(
         adv_lib.implicit_process_rewards(
@@ -362,13 +396,14 @@ class Collector:
           beta=c.implicit_prm.beta,
         )
       )  # fmt: skip
-    if branching.READS & set(reads):  # SPO: Monte Carlo values of prefixes (train/branching)
+    if "segment_values" in reads:  # SPO: Monte Carlo values of prefixes (train/branching)
       spo_inputs, spo_metrics = branching.segment_values(
         self, params, host, rewards, records, texts, key=jax.random.fold_in(key, 7919)
       )
       row_inputs.update(spo_inputs)
       for k, v in spo_metrics.items():
         metrics[k] = metrics.get(k, 0.0) + v
+      metrics["rollout/sampled_tokens"] += spo_metrics["spo/branch_tokens"]
     groups = []
     for p in range(P):
       rows = slice(p * G_gen, p * G_gen + G)
@@ -417,6 +452,9 @@ class Collector:
     if c.rl.zero_variance in ("mask", "refill"):
       row_keep = np.repeat(~zero_var, rewards.shape[1])
       completion_mask = completion_mask & row_keep[:, None]
+    if "retry_prefix" in groups[0]["inputs"]:  # pivotal credit: no shared prefix in the loss
+      shared = np.concatenate([g["inputs"]["retry_prefix"] for g in groups])
+      completion_mask = np.asarray(adv_lib.pivotal_mask(completion_mask, shared))
     # Rows whose reward failed carry no signal (A = 0): drop them from the normalisers too.
     completion_mask = completion_mask & valid.reshape(-1)[:, None]
     lengths = cat("lengths")
@@ -474,7 +512,11 @@ class Collector:
     if "greedy_rewards" in reads:
       greedy_rewards = np.array([g["greedy_reward"] for g in groups], np.float32)
       inputs["greedy_rewards"] = greedy_rewards
-    for k in ("reward_components", "token_rewards", "prm_token_rewards", *sorted(branching.READS)):
+    for k in (
+      "reward_components", "token_rewards", "prm_token_rewards", *sorted(branching.READS),
+      *sorted(retries.READS),
+      *sorted(tree_round.READS - branching.READS),  # SPO-tree's tree_values (train/tree_round.py)
+    ):  # fmt: skip
       if k in reads:
         v = np.concatenate([g["inputs"][k] for g in groups], axis=0)
         inputs[k] = v.reshape(*rewards.shape, -1) if k == "reward_components" else v
