@@ -46,7 +46,8 @@ def test_failed_groups_are_rescued_at_the_stage_that_succeeds(tmp_path):
   batch, tok = _collect(_config(tmp_path))
   m = batch.metrics
   assert m["hints/failed_groups"] == 3 and m["hints/rescued"] == 3
-  assert m["hints/stages"] == 2 and m["hints/rows"] == 2 * 3 * 4  # two stages of 3 groups x G
+  # two stages of 3 groups (padded to 4, the sampler's shape) x G
+  assert m["hints/stages"] == 2 and m["hints/rows"] == 2 * 4 * 4
   assert (batch.rewards == 1).all()  # every group now the hinted one that succeeded
   for row in range(0, 12, 4):
     prompt = tok.decode(batch.prompt_tokens[row][batch.prompt_mask[row]])

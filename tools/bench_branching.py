@@ -15,7 +15,8 @@ compared with GRPO at the same number of *sampled tokens* (the trainer's
   3. per method: its final held-out greedy accuracy and pass@1, against GRPO's curve read (linear
      interpolation between evaluations) at the method's total sampled tokens; its wall time of RL
      and the share of it spent sampling (``time/sample`` + the extra rounds' ``time/branch``,
-     ``time/retry``), with tokens per step against GRPO's.
+     ``time/retry``; medians over the steps after the first), with tokens per step against
+     GRPO's.
 
 GHPO needs a reference solution the bare task lacks (its whole solution is the answer): it runs
 on the worked style (``data.task.style="worked"``, the hint = the first quarter/half/three
@@ -56,7 +57,8 @@ METHODS = {
   "r3l": ({"rl.advantage": "r3l"}, "grpo"),
   "grpo_worked": (WORKED, None),
   "ghpo": (
-    {**WORKED, "hints.enabled": True, "hints.field": "demonstration", "hints.unit": "tokens"},
+    {**WORKED, "hints.enabled": True, "hints.field": "demonstration", "hints.unit": "tokens",
+     "hints.marker": ""},  # fmt: skip
     "grpo_worked",
   ),
 }
@@ -103,7 +105,8 @@ def curve(run: dict) -> dict:
 
 def costs(run: dict) -> dict:
   steps = [r for r in run["rows"] if "time/step" in r][1:]  # the first compiles
-  per = lambda k: float(np.mean([r.get(k, 0.0) for r in steps]))  # noqa: E731
+  # Medians: a new fork count or prompt width compiles the sampler once, within a few steps.
+  per = lambda k: float(np.median([r.get(k, 0.0) for r in steps]))  # noqa: E731
   return {
     "rl_time_s": run["summary"]["rl_time_s"],
     "step_s": per("time/step"),

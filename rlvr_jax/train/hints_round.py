@@ -11,7 +11,7 @@ zero-variance group, handled by ``rl.zero_variance``). Each stage samples, score
 the first round (same strategy, engine, estimator inputs and reward workers) with its own key.
 
 Metrics: ``hints/failed_groups`` (groups that needed a hint), ``hints/rescued`` (groups replaced
-by a hinted one), ``hints/stages`` (hint stages run), ``hints/rows`` (rows the stages sampled).
+by a hinted one), ``hints/stages`` (hint stages run), ``hints/rows`` (rows the stages sampled, padding included).
 One process only: the failing groups differ between processes.
 """
 
@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from rlvr_jax.data import hints
+from rlvr_jax.train import branching
 
 
 def hinted_groups(collector, params, records, groups, *, key, metrics, reward_metrics, **scoring):
@@ -65,11 +66,15 @@ def hinted_groups(collector, params, records, groups, *, key, metrics, reward_me
       )  # fmt: skip
       for p in pending
     ]
+    # The stage's group count varies: padded to a power of two with repeats of the first group
+    # (dropped after), the sampler and the scoring passes compile for a few shapes only.
+    padded = list(branching.padded_rows(np.arange(len(hinted))))
     _, new = collector._round(
-      params, hinted, jax.random.fold_in(key, stage), len(hinted), metrics, reward_metrics,
-      **scoring,
+      params, [hinted[i] for i in padded], jax.random.fold_in(key, stage), len(padded), metrics,
+      reward_metrics, **scoring,
     )  # fmt: skip
-    rows += len(hinted) * G
+    new = new[: len(hinted)]
+    rows += len(padded) * G
     still = []
     for p, g in zip(pending, new, strict=True):
       success = not hints.needs_hint(g["correct"][None])[0]
