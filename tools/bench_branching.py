@@ -57,12 +57,25 @@ METHODS = {
   "r3l": ({"rl.advantage": "r3l"}, "grpo"),
   "grpo_worked": (WORKED, None),
   "ghpo": (
-    {**WORKED, "hints.enabled": True, "hints.field": "demonstration", "hints.unit": "tokens",
-     "hints.marker": ""},  # fmt: skip
+    {
+      **WORKED,
+      "hints.enabled": True,
+      "hints.field": "demonstration",
+      "hints.unit": "tokens",
+      "hints.marker": "",
+    },  # fmt: skip
     "grpo_worked",
   ),
 }
 SAMPLING_TIMES = ("time/sample", "time/branch", "time/retry")
+
+
+def load(workdir: str) -> dict:
+  """A finished run's metrics rows and summary."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return {"rows": rows, "summary": json.load(f)}
 
 
 def run_once(name: str, workdir: str, steps: int, eval_every: int, seed: int) -> dict:
@@ -80,11 +93,7 @@ def run_once(name: str, workdir: str, steps: int, eval_every: int, seed: int) ->
   proc = subprocess.run(cmd, cwd=harness.ROOT, env=env, capture_output=True, text=True)
   if proc.returncode:
     raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  with open(os.path.join(workdir, "summary.json")) as f:
-    summary = json.load(f)
-  return {"rows": rows, "summary": summary, "wall_s": time.perf_counter() - t0}
+  return {**load(workdir), "wall_s": time.perf_counter() - t0}
 
 
 def curve(run: dict) -> dict:
@@ -105,12 +114,16 @@ def curve(run: dict) -> dict:
 
 def costs(run: dict) -> dict:
   steps = [r for r in run["rows"] if "time/step" in r][1:]  # the first compiles
-  # Medians: a new fork count or prompt width compiles the sampler once, within a few steps.
+  # Medians: a new fork count or prompt width compiles the sampler once, within a few steps;
+  # means over the steps after the 10th (rare extra rounds, e.g. GHPO's, count in full).
   per = lambda k: float(np.median([r.get(k, 0.0) for r in steps]))  # noqa: E731
+  late = lambda k: float(np.mean([r.get(k, 0.0) for r in steps[9:]]))  # noqa: E731
   return {
     "rl_time_s": run["summary"]["rl_time_s"],
     "step_s": per("time/step"),
     "sampling_s": sum(per(k) for k in SAMPLING_TIMES),
+    "step_s_mean": late("time/step"),
+    "sampling_s_mean": sum(late(k) for k in SAMPLING_TIMES),
     "tokens_per_step": float(
       np.mean([r["rollout/sampled_tokens"] for r in run["rows"] if "rollout/sampled_tokens" in r])
     ),  # fmt: skip
@@ -126,6 +139,8 @@ def main():
   ap.add_argument("--methods", default=",".join(METHODS))
   ap.add_argument("--workdir", default="runs/bench_branching")
   ap.add_argument("--json-out", default="")
+  ap.add_argument("--report-only", action="store_true", help="read the runs in --workdir again")
+  ap.add_argument("--reuse", default="", help="comma-separated runs to read from --workdir")
   a = ap.parse_args()
   names = a.methods.split(",")
   for n in names:  # the GRPO runs first: every method is read against one
@@ -136,8 +151,12 @@ def main():
   runs = {}
   for n in order:
     steps = int(round(a.steps * a.grpo_factor)) if METHODS[n][1] is None else a.steps
+    workdir = os.path.join(a.workdir, f"{n}_s{a.seed}")
+    if a.report_only or n in a.reuse.split(","):
+      runs[n] = load(workdir)
+      continue
     print(f"{n}: {steps} steps ...", flush=True)
-    runs[n] = run_once(n, os.path.join(a.workdir, f"{n}_s{a.seed}"), steps, a.eval_every, a.seed)
+    runs[n] = run_once(n, workdir, steps, a.eval_every, a.seed)
   table = {}
   for n in order:
     c, k = curve(runs[n]), costs(runs[n])
@@ -149,13 +168,14 @@ def main():
       row["grpo_accuracy_at_tokens"] = float(np.interp(row["tokens"], b["tokens"], b["accuracy"]))
       row["grpo_pass@1_at_tokens"] = float(np.interp(row["tokens"], b["tokens"], b["pass@1"]))
       row["grpo_tokens_per_step"] = costs(runs[base])["tokens_per_step"]
-      row["grpo_step_s"] = costs(runs[base])["step_s"]
       row["within_grpo_curve"] = bool(row["tokens"] <= b["tokens"][-1])
     row["curve"] = c
     table[n] = row
   print("| method | tokens / step (GRPO) | steps | sampled tokens | greedy | GRPO greedy at those "
-        "tokens | pass@1 | GRPO pass@1 | step s (GRPO) | sampling share |")  # fmt: skip
+        "tokens | pass@1 | GRPO pass@1 | step ms, median / mean (GRPO) | sampling ms, median / "
+        "mean |")  # fmt: skip
   print("|---|---|---|---|---|---|---|---|---|---|")
+  ms = lambda r, k: f"{1e3 * r[k]:.0f} / {1e3 * r[k + '_mean']:.0f}"  # noqa: E731
   for n in order:
     r = table[n]
     base = METHODS[n][1]
@@ -164,12 +184,12 @@ def main():
       print(f"| {n} | {r['tokens_per_step']:.0f} ({r['grpo_tokens_per_step']:.0f}) | {steps} | "
             f"{r['tokens']:.0f} | {r['accuracy']:.3f} ± {r['accuracy_se']:.3f} | "
             f"{r['grpo_accuracy_at_tokens']:.3f} | {r['pass@1']:.3f} | "
-            f"{r['grpo_pass@1_at_tokens']:.3f} | {r['step_s']:.2f} ({r['grpo_step_s']:.2f}) | "
-            f"{r['sampling_s'] / r['step_s']:.2f} |")  # fmt: skip
+            f"{r['grpo_pass@1_at_tokens']:.3f} | {ms(r, 'step_s')} ({ms(table[base], 'step_s')})"
+            f" | {ms(r, 'sampling_s')} |")  # fmt: skip
     else:
       print(f"| {n} | {r['tokens_per_step']:.0f} | {steps} | {r['tokens']:.0f} | "
             f"{r['accuracy']:.3f} ± {r['accuracy_se']:.3f} | - | {r['pass@1']:.3f} | - | "
-            f"{r['step_s']:.2f} | {r['sampling_s'] / r['step_s']:.2f} |")  # fmt: skip
+            f"{ms(r, 'step_s')} | {ms(r, 'sampling_s')} |")  # fmt: skip
   if a.json_out:
     with open(a.json_out, "w") as f:
       json.dump({"args": vars(a), "table": table}, f, indent=1)

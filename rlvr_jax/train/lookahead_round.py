@@ -31,7 +31,9 @@ prompt, T = ``sampling.max_new_tokens`` and W = min(``latr.window``, T):
        suffix(w_b, w_r) = LCSuf(w_b, w_r) / max(|w_b|, |w_r|) > ``suffix_threshold``,
 
      LCS the length of the longest common subsequence of the two token windows, LCSuf the length
-     of their longest common suffix (both measures 0 when both windows are empty);
+     of their longest common suffix (both measures 0 when both windows are empty). Stop tokens
+     are left out of both windows: two windows that both end (on short answers, most do) are not
+     alike for that;
   6. continuation: a second ``_generate`` call over every slot continues each surviving branch
      (prompt + y_{<t} + c + w_b) to its end, with the row's remaining budget T - t - 1 - |w_b|
      (none when c or the window ended with a stop token, or T is reached);
@@ -324,7 +326,8 @@ def lookahead(collector, params, records, *, key) -> Lookahead:
       end = min(t + 1 + W, int(roots.lengths[b]))
       window = w.tokens[n, : n_w[n]]
       prune = too_similar(
-        window.tolist(), roots.tokens[b, t + 1 : end].tolist(),
+        [v for v in window.tolist() if v not in stops],
+        [v for v in roots.tokens[b, t + 1 : end].tolist() if v not in stops],
         rouge_threshold=o.rouge_threshold, suffix_threshold=o.suffix_threshold,
       )  # fmt: skip
       branches.append(((n // Bp) * G + b % R, t, tok, tuple(window.tolist()), prune))
