@@ -8,8 +8,9 @@ Reflect-then-Retry continues failed rows, GHPO samples hinted groups again. So a
 compared with GRPO at the same number of *sampled tokens* (the trainer's
 ``rollout/sampled_tokens``, summed over the run), not at the same number of steps:
 
-  1. each method runs ``--steps`` RL steps of ``experiments/default.py`` (its overrides in
-     ``METHODS``), one launcher process each (``python -m rlvr_jax.main``), one after another;
+  1. each method runs ``--steps`` RL steps of ``--config`` (default ``experiments/default.py``;
+     its overrides in ``METHODS``, ``--set`` ones for every run), one launcher process each
+     (``python -m rlvr_jax.main``), one after another;
   2. GRPO runs ``--grpo-factor`` times as many steps with an evaluation every ``--eval-every``
      steps: its held-out accuracy as a curve over its cumulative sampled tokens;
   3. per method: its final held-out greedy accuracy and pass@1, against GRPO's curve read (linear
@@ -24,6 +25,8 @@ quarters of the column working's tokens) against its own GRPO curve on that styl
 (``grpo_worked``).
 
   .venv/bin/python tools/bench_branching.py --steps 100 --json-out /tmp/branching.json
+  .venv/bin/python tools/bench_branching.py --config experiments/smollm2_learn.py \
+      --methods latr,r3l --steps 20 --grpo-factor 1.5 --eval-every 10 --set data.num_eval=100
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -78,17 +82,20 @@ def load(workdir: str) -> dict:
     return {"rows": rows, "summary": json.load(f)}
 
 
-def run_once(name: str, workdir: str, steps: int, eval_every: int, seed: int) -> dict:
+def run_once(
+  name: str, workdir: str, steps: int, eval_every: int, seed: int, config: str, extra: list
+) -> dict:
   """One launcher run; returns its metrics rows and summary."""
   overrides, _ = METHODS[name]
   cmd = [
-    sys.executable, "-m", "rlvr_jax.main", "--config=experiments/default.py",
+    sys.executable, "-m", "rlvr_jax.main", f"--config={config}", *(f"--config.{x}" for x in extra),
     f"--config.workdir={workdir}", f"--config.rl.num_steps={steps}", f"--config.seed={seed}",
     f"--config.eval.every={eval_every}", "--config.checkpoint.every=0",
     "--config.logging.plot=False", "--config.logging.progress=False",
     *(f"--config.{k}={v}" for k, v in overrides.items()),
   ]  # fmt: skip
   env = harness.child_env({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+  shutil.rmtree(workdir, ignore_errors=True)  # a finished run in it would be read, not redone
   t0 = time.perf_counter()
   proc = subprocess.run(cmd, cwd=harness.ROOT, env=env, capture_output=True, text=True)
   if proc.returncode:
@@ -132,6 +139,8 @@ def costs(run: dict) -> dict:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("--config", default="experiments/default.py")
+  ap.add_argument("--set", action="append", default=[], help="field=value for every run")
   ap.add_argument("--steps", type=int, default=100)
   ap.add_argument("--grpo-factor", type=float, default=2.5)
   ap.add_argument("--eval-every", type=int, default=10)
@@ -156,7 +165,7 @@ def main():
       runs[n] = load(workdir)
       continue
     print(f"{n}: {steps} steps ...", flush=True)
-    runs[n] = run_once(n, workdir, steps, a.eval_every, a.seed)
+    runs[n] = run_once(n, workdir, steps, a.eval_every, a.seed, a.config, a.set)
   table = {}
   for n in order:
     c, k = curve(runs[n]), costs(runs[n])
