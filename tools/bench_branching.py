@@ -137,6 +137,27 @@ def costs(run: dict) -> dict:
   }
 
 
+def plot(table: dict, path: str, *, title: str) -> None:
+  """Held-out greedy accuracy over cumulative sampled tokens, one line per run."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for n, r in table.items():
+    c = r["curve"]
+    style = "--" if METHODS[n][1] is None else "-"
+    ax.plot(np.asarray(c["tokens"]) / 1e3, c["accuracy"], style, marker=".", label=n)
+  ax.set_xlabel("sampled tokens (thousands)")
+  ax.set_ylabel("held-out greedy accuracy")
+  ax.set_title(title)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--config", default="experiments/default.py")
@@ -148,6 +169,7 @@ def main():
   ap.add_argument("--methods", default=",".join(METHODS))
   ap.add_argument("--workdir", default="runs/bench_branching")
   ap.add_argument("--json-out", default="")
+  ap.add_argument("--plot", default="", help="a PNG of held-out greedy accuracy over tokens")
   ap.add_argument("--report-only", action="store_true", help="read the runs in --workdir again")
   ap.add_argument("--reuse", default="", help="comma-separated runs to read from --workdir")
   a = ap.parse_args()
@@ -199,6 +221,8 @@ def main():
       print(f"| {n} | {r['tokens_per_step']:.0f} | {steps} | {r['tokens']:.0f} | "
             f"{r['accuracy']:.3f} ± {r['accuracy_se']:.3f} | - | {r['pass@1']:.3f} | - | "
             f"{ms(r, 'step_s')} | {ms(r, 'sampling_s')} |")  # fmt: skip
+  if a.plot:
+    plot(table, a.plot, title=f"{os.path.basename(a.config)}, seed {a.seed}")
   if a.json_out:
     with open(a.json_out, "w") as f:
       json.dump({"args": vars(a), "table": table}, f, indent=1)

@@ -356,6 +356,12 @@ def fork_prefixes(
     np.concatenate([prompt_tokens[r][prompt_mask[r]], tokens[r, :p]])
     for r, p in zip(rows, positions, strict=True)
   ]
+  return left_pad_sequences(seqs, pad_id=pad_id)
+
+
+def left_pad_sequences(seqs: Sequence, *, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Token sequences of any lengths as left-padded [R, S] int32 ids and bool mask (S = the
+  longest), the prompt layout ``generate`` takes."""
   width = max(len(x) for x in seqs)
   ids = np.full((len(seqs), width), pad_id, np.int32)
   mask = np.zeros((len(seqs), width), bool)

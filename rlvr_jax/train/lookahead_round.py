@@ -252,16 +252,6 @@ def num_roots(config) -> int:
   return int(config.latr.num_roots) or config.sampling.num_samples // 2
 
 
-def _left_pad(seqs, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-  width = max(len(x) for x in seqs)
-  ids = np.full((len(seqs), width), pad_id, np.int32)
-  mask = np.zeros((len(seqs), width), bool)
-  for i, x in enumerate(seqs):
-    ids[i, width - len(x) :] = x
-    mask[i, width - len(x) :] = True
-  return ids, mask
-
-
 def lookahead(collector, params, records, *, key) -> Lookahead:
   """The LATR round of ``records`` (module docstring); ``params`` in the sampling layout."""
   c, o, s = collector.c, collector.c.latr, collector.c.sampling
@@ -422,7 +412,7 @@ def lookahead(collector, params, records, *, key) -> Lookahead:
 def _call(collector, params, seqs, slot_ids, key, max_new_tokens: int, budgets) -> Rollout:
   """One sample of each sequence of ``seqs`` (a prompt of its own, id ``slot_ids``) with the
   configured engine and strategy, at most ``budgets`` [n] tokens each; host arrays."""
-  ids, mask = _left_pad(seqs, collector.pad_id)
+  ids, mask = sampling.continuous.left_pad_sequences(seqs, pad_id=collector.pad_id)
   return jax.device_get(collector._generate(
     params, ids, mask, slot_ids, key, None, 1, max_new_tokens=max_new_tokens,
     max_lengths=budgets, buckets=sampling.DEFAULT_BUCKETS,
