@@ -70,7 +70,8 @@ def test_r3l_token_advantages_by_hand():
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
   c = config_lib.tiny_config(
-    tmp_path_factory.mktemp("retries"), rl=dict(advantage="r3l", prompts_per_step=4),
+    tmp_path_factory.mktemp("retries"),
+    rl=dict(advantage="r3l", prompts_per_step=4, num_microbatches=2),  # retries: 1-8 rows
     reward=REWARD, sampling=dict(max_new_tokens=8, temperature=1.5, num_samples=6,
                                  engine="continuous", num_slots=5),
   )  # fmt: skip
@@ -167,3 +168,24 @@ def test_retry_round_rejects_a_model_reward(tmp_path):
   c.retries.max_pairs = 0
   with pytest.raises(config_lib.ConfigError, match="retries.max_pairs"):
     config_lib.validate(c)
+
+
+def test_one_retry_is_scored_in_whole_micro_batches(trainer):
+  """A single retry (one replaced row) gets its old log-probs recomputed, though the scoring pass
+  splits rows into rl.num_microbatches = 2 parts: the row is padded, then taken back."""
+  col, params = trainer.collector, trainer.state.params
+  records = col.source.take(4)
+  texts, rollout = col._sample_local(params, records, key=jax.random.key(8))
+  host = jax.tree.map(np.asarray, rollout)
+  correct = np.ones((4, 6), np.float32)
+  correct[2, [1, 4]] = 0.0  # one pair: row 1 retried into row 4's place
+  completions = col.tokenizer.decode_batch(host.tokens, host.completion_mask)
+  stale = {"old_logp": np.zeros(host.tokens.shape, np.float32)}
+  new, *_, scores, prefix, metrics = retries.retry_failures(
+    col, params, host, correct, correct, completions, stale, records, texts,
+    key=jax.random.key(2), rows_per_prompt=6, ref_params=None, need_old=True, prm_params=None,
+  )  # fmt: skip
+  assert metrics["retry/pairs"] == 1 and prefix[13] == prefix[16]
+  m = new.completion_mask[16]
+  np.testing.assert_allclose(scores["old_logp"][16][m], new.sampler_logp[16][m], atol=1e-5)
+  assert not scores["old_logp"][np.arange(24) != 16].any()  # the other rows keep theirs

@@ -120,11 +120,13 @@ def continue_prefixes(collector, params, host, rows, positions, K: int, *, key):
   return jax.tree.map(lambda x: np.asarray(x)[: R * K], jax.device_get(rollout))
 
 
-def padded_rows(x: np.ndarray) -> np.ndarray:
-  """``x`` [R, ...] padded to the next power of two rows with repeats of ``x[0]``: a sampler
-  call over a varying number of forks then compiles for a few shapes only."""
+def padded_rows(x: np.ndarray, multiple: int = 1) -> np.ndarray:
+  """``x`` [R, ...] padded with repeats of ``x[0]`` to the next power of two rows, rounded up to a
+  multiple of ``multiple`` (e.g. the micro-batch count of a scoring pass): a call over a varying
+  number of forks then compiles for a few shapes only."""
   x = np.asarray(x)
   padded = 1 << max(len(x) - 1, 0).bit_length()
+  padded = -(-padded // multiple) * multiple
   return np.concatenate([x, np.repeat(x[:1], padded - len(x), axis=0)])
 
 

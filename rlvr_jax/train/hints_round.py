@@ -17,6 +17,8 @@ One process only: the failing groups differ between processes.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 
@@ -51,6 +53,9 @@ def hinted_groups(collector, params, records, groups, *, key, metrics, reward_me
   out = list(groups)
   pending, stage, rescued, rows = failed, 0, 0, 0
   G = collector.c.sampling.num_samples
+  # The scoring passes split a stage's rows into rl.num_microbatches equal parts.
+  M = collector.c.rl.num_microbatches
+  groups_per_microbatch = M // math.gcd(M, G)
   while pending:
     hinted = [
       dict(
@@ -66,9 +71,10 @@ def hinted_groups(collector, params, records, groups, *, key, metrics, reward_me
       )  # fmt: skip
       for p in pending
     ]
-    # The stage's group count varies: padded to a power of two with repeats of the first group
-    # (dropped after), the sampler and the scoring passes compile for a few shapes only.
-    padded = list(branching.padded_rows(np.arange(len(hinted))))
+    # The stage's group count varies: padded to a power of two (and whole micro-batches) with
+    # repeats of the first group, dropped after: the sampler and scoring passes compile for a
+    # few shapes only.
+    padded = list(branching.padded_rows(np.arange(len(hinted)), groups_per_microbatch))
     _, new = collector._round(
       params, [hinted[i] for i in padded], jax.random.fold_in(key, stage), len(padded), metrics,
       reward_metrics, **scoring,

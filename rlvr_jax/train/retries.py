@@ -117,13 +117,15 @@ def retry_failures(
     rewards[p, j], correct[p, j] = new_rewards[i], new_correct[i]
     completions[p * G_gen + j] = texts[i]
   if scores:  # the replaced rows' no-grad passes, on their new completions
+    # Padded (repeats of the first) to a power of two and whole micro-batches of the passes.
+    rows = branching.padded_rows(replaced, collector.c.rl.num_microbatches)
     again = collector._scores(
-      params, ref_params, jax.tree.map(lambda x: x[replaced], host), need_old=need_old,
+      params, ref_params, jax.tree.map(lambda x: x[rows], host), need_old=need_old,
       prm_params=prm_params, rows_per_prompt=1,
     )  # fmt: skip
     scores = {k: np.array(v) for k, v in scores.items()}
     for k, v in again.items():
-      scores[k][replaced] = np.asarray(v)
+      scores[k][replaced] = np.asarray(v)[: len(replaced)]
   prefix[retried] = points
   prefix[replaced] = points
   metrics.update({
