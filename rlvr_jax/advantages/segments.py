@@ -243,7 +243,6 @@ def spo_chain_token_advantages(
   )  # fmt: skip
 
 
-
 def spo_tree_token_advantages(
   rewards: jax.Array,
   tree_values: jax.Array,
