@@ -74,7 +74,7 @@ def segment_values(collector, params, host, rewards, records, prompts, *, key) -
     rollout = continue_prefixes(collector, params, host, rows, positions, K, key=key)
     spliced = splice_continuations(host, rows, positions, rollout, K, pad_id=collector.pad_id)
     branch_tokens = int(np.asarray(rollout.completion_mask).sum())
-    result = reward_rows(
+    result, _ = reward_rows(
       collector, spliced, [records[b // G] for b in rows for _ in range(K)],
       [prompts[b // G] for b in rows for _ in range(K)], group_size=K,
     )  # fmt: skip
@@ -167,7 +167,7 @@ def splice_continuations(host, rows, positions, cont, K: int, *, pad_id: int) ->
 def reward_rows(collector, spliced: dict, records, prompts, *, group_size: int):
   """The run's reward function on spliced rows (``splice_continuations``), one record and
   prompt text per row (groups of ``group_size``); the same workers, fields and timeouts as the
-  rollout. Failures are logged; returns the ``RewardResult``."""
+  rollout. Failures are logged; returns (the ``RewardResult``, the rows' decoded texts)."""
   texts = collector.tokenizer.decode_batch(spliced["tokens"], spliced["completion_mask"])
   fields = reward_results.reward_fields(records, 1, collector.c.reward.example_fields)
   result = collector.runtime.submit(
@@ -176,7 +176,7 @@ def reward_rows(collector, spliced: dict, records, prompts, *, group_size: int):
     **fields,
   ).result()  # fmt: skip
   reward_results.log_reward_failures(result)
-  return result
+  return result, texts
 
 
 def _mean_of_finite(x: np.ndarray) -> np.ndarray:

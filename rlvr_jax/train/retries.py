@@ -96,7 +96,7 @@ def retry_failures(
   points = failure_points(host.sampler_logp[retried], host.completion_mask[retried])
   cont = branching.continue_prefixes(collector, params, host, retried, points, 1, key=key)
   spliced = branching.splice_continuations(host, retried, points, cont, 1, pad_id=collector.pad_id)
-  result = branching.reward_rows(
+  result, texts = branching.reward_rows(
     collector, spliced, [records[p] for p, _, _ in pairs], [prompts[p] for p, _, _ in pairs],
     group_size=1,
   )  # fmt: skip
@@ -112,7 +112,6 @@ def retry_failures(
   new_rewards = np.asarray(result.rewards, np.float32)
   new_correct = np.asarray(result.info.get("correct", result.rewards), np.float32)
   rewards, correct, completions = np.array(rewards), np.array(correct), list(completions)
-  texts = collector.tokenizer.decode_batch(spliced["tokens"], spliced["completion_mask"])
   for i, (p, _, j) in enumerate(pairs):
     rewards[p, j], correct[p, j] = new_rewards[i], new_correct[i]
     completions[p * G_gen + j] = texts[i]

@@ -333,13 +333,14 @@ class Collector:
     metrics["time/sample"] += t1 - t0
     # Every token sampled this step (branch and retry rounds add theirs): the budget that
     # methods which sample more than G rows per prompt are compared at.
-    # (A tree's leaves share their prefixes: its levels' own count, train/tree_round.py.)
-    sampled = tree["sampled_tokens"] if tree else np.asarray(rollout.completion_mask).sum()
-    if latr is not None:  # LATR's own count: pruned windows too (train/lookahead_round.py)
+    if tree is not None:  # the leaves share prefixes: the levels' own count (train/tree_round.py)
+      sampled = tree["sampled_tokens"]
+    elif latr is not None:  # its own count, pruned windows too (train/lookahead_round.py)
       sampled = latr["latr/sampled_tokens"]
-      for k, v in latr.items():
-        metrics[k] = metrics.get(k, 0.0) + v
-    metrics["rollout/sampled_tokens"] = metrics.get("rollout/sampled_tokens", 0.0) + float(sampled)
+      _add_metrics(metrics, latr)
+    else:
+      sampled = np.asarray(rollout.completion_mask).sum()
+    _add_metrics(metrics, {"rollout/sampled_tokens": float(sampled)})
     completions, future = self._submit_local(texts, records, rollout, G_gen, P)
     # Dispatched while the reward workers score (asynchronous dispatch): the two overlap.
     answers = [r.get("answer", "") for r in records for _ in range(G_gen)]
@@ -378,8 +379,7 @@ class Collector:
           need_old=need_old, prm_params=prm_params,
         )
       )  # fmt: skip
-      for k, v in retry_metrics.items():
-        metrics[k] = metrics.get(k, 0.0) + v
+      _add_metrics(metrics, retry_metrics)
       metrics["rollout/sampled_tokens"] += retry_metrics["retry/tokens"]
     zero_var = np.asarray(self.group_filter.fn(jnp.asarray(correct)))
     row_inputs = _row_inputs(result, reads, P * G_gen)
@@ -387,8 +387,7 @@ class Collector:
       row_inputs["retry_prefix"] = retry_prefix
     if tree is not None:  # SPO-tree: node values and segments of the leaves (train/tree_round.py)
       row_inputs.update(tree_round.tree_inputs(c, host, rewards, tree))
-      for k, v in tree["metrics"].items():
-        metrics[k] = metrics.get(k, 0.0) + v
+      _add_metrics(metrics, tree["metrics"])
     if "prm_logp" in scores:  # the implicit PRM's token rewards (train/implicit_prm.py)
       row_inputs["prm_token_rewards"] = np.asarray(
         adv_lib.implicit_process_rewards(
@@ -401,8 +400,7 @@ class Collector:
         self, params, host, rewards, records, texts, key=jax.random.fold_in(key, 7919)
       )
       row_inputs.update(spo_inputs)
-      for k, v in spo_metrics.items():
-        metrics[k] = metrics.get(k, 0.0) + v
+      _add_metrics(metrics, spo_metrics)
       metrics["rollout/sampled_tokens"] += spo_metrics["spo/branch_tokens"]
     groups = []
     for p in range(P):
@@ -512,11 +510,9 @@ class Collector:
     if "greedy_rewards" in reads:
       greedy_rewards = np.array([g["greedy_reward"] for g in groups], np.float32)
       inputs["greedy_rewards"] = greedy_rewards
-    for k in (
-      "reward_components", "token_rewards", "prm_token_rewards", *sorted(branching.READS),
-      *sorted(retries.READS),
-      *sorted(tree_round.READS - branching.READS),  # SPO-tree's tree_values (train/tree_round.py)
-    ):  # fmt: skip
+    # The extra rounds' per-row inputs (train/branching.py, tree_round.py, retries.py).
+    extra_rounds = branching.READS | tree_round.READS | retries.READS
+    for k in ("reward_components", "token_rewards", "prm_token_rewards", *sorted(extra_rounds)):
       if k in reads:
         v = np.concatenate([g["inputs"][k] for g in groups], axis=0)
         inputs[k] = v.reshape(*rewards.shape, -1) if k == "reward_components" else v
@@ -526,6 +522,12 @@ class Collector:
     )  # fmt: skip
     extras = {k: np.asarray(v) for k, v in out.extras.items()}
     return np.asarray(out.advantages), extras, out.state, greedy_rewards
+
+
+def _add_metrics(metrics: dict, more: dict) -> None:
+  """Adds an extra round's metrics into the step's (summed over the step's rounds)."""
+  for k, v in more.items():
+    metrics[k] = metrics.get(k, 0.0) + v
 
 
 def _row_inputs(result, reads, num_rows: int) -> dict:

@@ -106,26 +106,26 @@ def sample_tree(collector, params, records, *, key) -> tuple[list, Rollout, dict
   sampled_tokens = sampled_nodes = 0
   for d, (k, budget) in enumerate(zip(branching, budgets, strict=True)):
     alive = np.flatnonzero(~node["finished"])
-    if d == 0:  # the prompts, as the plain sampler gets them
-      prefix_ids, prefix_mask, buckets = ids, mask, None
-    elif alive.size:  # each live node's prompt and completion so far
-      per_tree = len(node["lengths"]) // P
-      parents = types.SimpleNamespace(
-        prompt_tokens=np.repeat(prompt[0], per_tree, axis=0),
-        prompt_mask=np.repeat(prompt[1], per_tree, axis=0),
-        tokens=node["tokens"], lengths=node["lengths"],
-      )  # fmt: skip
-      # Padded to a power of two with repeats of the first (dropped after): few shapes.
-      forks = branching_lib.padded_rows(alive)
-      prefix_ids, prefix_mask = sampling.continuous.fork_prefixes(
-        parents, forks, node["lengths"][forks], pad_id=collector.pad_id
-      )
-      buckets = sampling.DEFAULT_BUCKETS
-    node = {n: None if v is None else np.repeat(v, k, axis=0) for n, v in node.items()}
+    parent = node
+    node = {n: None if v is None else np.repeat(v, k, axis=0) for n, v in parent.items()}
     node["starts"][:, d] = node["lengths"]  # copies of an ended node: an empty segment
     if not alive.size:
       continue
-    forks = alive if d == 0 else branching_lib.padded_rows(alive)
+    if d == 0:  # the prompts, as the plain sampler gets them
+      forks, prefix_ids, prefix_mask, buckets = alive, ids, mask, None
+    else:  # each live node's prompt and completion so far
+      # Padded to a power of two with repeats of the first (dropped after): few shapes.
+      forks = branching_lib.padded_rows(alive)
+      per_tree = len(parent["lengths"]) // P
+      parents = types.SimpleNamespace(
+        prompt_tokens=np.repeat(prompt[0], per_tree, axis=0),
+        prompt_mask=np.repeat(prompt[1], per_tree, axis=0),
+        tokens=parent["tokens"], lengths=parent["lengths"],
+      )  # fmt: skip
+      prefix_ids, prefix_mask = sampling.continuous.fork_prefixes(
+        parents, forks, parent["lengths"][forks], pad_id=collector.pad_id
+      )
+      buckets = sampling.DEFAULT_BUCKETS
     cont = collector._generate(
       params, prefix_ids, prefix_mask, node_ids(indices, d, branching)[forks], level_key(key, d),
       None, k, max_new_tokens=budget, buckets=buckets,
@@ -133,7 +133,26 @@ def sample_tree(collector, params, records, *, key) -> tuple[list, Rollout, dict
     cont = jax.tree.map(lambda x, n=alive.size * k: np.asarray(x)[:n], jax.device_get(cont))
     if d == 0:
       prompt = (np.asarray(cont.prompt_tokens)[::k], np.asarray(cont.prompt_mask)[::k])
-    _write_children(node, (alive[:, None] * k + np.arange(k)).reshape(-1), cont)
+    if cont.sampler_threshold is not None and parent["sampler_threshold"] is None:
+      # A truncating strategy: thresholds from here on (0 on the still empty completions).
+      parent["sampler_threshold"] = np.zeros_like(parent["sampler_logp"])
+      node["sampler_threshold"] = np.zeros_like(node["sampler_logp"])
+    # Child j of live node a: a's completion so far, then continuation j.
+    spliced = branching_lib.splice_continuations(
+      types.SimpleNamespace(**parent), alive, parent["lengths"][alive], cont, k,
+      pad_id=collector.pad_id,
+    )  # fmt: skip
+    children = (alive[:, None] * k + np.arange(k)).reshape(-1)
+    for name in (
+      "tokens",
+      "sampler_logp",
+      "model_logp",
+      "sampler_threshold",
+      "lengths",
+      "finished",
+    ):
+      if spliced[name] is not None:
+        node[name][children] = spliced[name]
     sampled_tokens += int(np.asarray(cont.completion_mask).sum())
     sampled_nodes += alive.size * k
   G = math.prod(branching)
@@ -158,23 +177,6 @@ def sample_tree(collector, params, records, *, key) -> tuple[list, Rollout, dict
     metrics={"spo/tree_nodes_sampled": float(sampled_nodes)},
   )
   return texts, jax.tree.map(jnp.asarray, rollout), info
-
-
-def _write_children(node: dict, rows: np.ndarray, cont) -> None:
-  """Appends continuation j of ``cont`` to the completion of child ``rows[j]`` (in place)."""
-  cmask = np.asarray(cont.completion_mask)
-  n = cmask.sum(1)
-  per_token = ["tokens", "sampler_logp", "model_logp"]
-  if cont.sampler_threshold is not None:
-    if node["sampler_threshold"] is None:
-      node["sampler_threshold"] = np.zeros(node["sampler_logp"].shape, np.float32)
-    per_token.append("sampler_threshold")
-  for j, r in enumerate(rows):
-    start = node["lengths"][r]
-    for name in per_token:
-      node[name][r, start : start + n[j]] = np.asarray(getattr(cont, name))[j, : n[j]]
-  node["lengths"][rows] += n.astype(np.int32)
-  node["finished"][rows] = np.asarray(cont.finished)
 
 
 def tree_inputs(c, host, rewards: np.ndarray, info: dict) -> dict:
